@@ -1,0 +1,472 @@
+"""The `pipexctl` command: parse, call the library, render.
+
+Exit codes: 0 ok, 1 operational error (one line on stderr), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import json
+import sys
+from typing import Callable, Optional
+
+import click
+from pydantic import ValidationError
+
+from . import __version__, errors
+from .kernel.backend import KernelBackend
+from .model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
+from .orchestrator import Orchestrator, _first_error, meta_bytes
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class AppContext:
+    """What commands share; tests pass one with a NullBackend via ``obj=``."""
+
+    def __init__(self, backend_factory: Optional[Callable[[], KernelBackend]] = None) -> None:
+        self._factory = backend_factory
+        self._orch: Optional[Orchestrator] = None
+
+    @property
+    def orch(self) -> Orchestrator:
+        if self._orch is None:
+            if self._factory is None:
+                from .kernel.backend import NetlinkBackend
+
+                self._factory = NetlinkBackend
+            self._orch = Orchestrator(self._factory())
+        return self._orch
+
+    def close(self) -> None:
+        if self._orch is not None:
+            self._orch.backend.close()
+
+
+def boundary(fn):
+    """Library errors become one clear line and an exit code, here only."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except errors.PipexError as e:
+            click.echo(f"pipexctl: error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except ValidationError as e:
+            click.echo(f"pipexctl: error: {_first_error(e)}", err=True)
+            sys.exit(2)
+
+    return wrapper
+
+
+def _spec(cls, **kw):
+    try:
+        return cls(**kw)
+    except ValidationError as e:
+        raise errors.InvalidArgumentError(_first_error(e)) from None
+
+
+def _endpoint(text: Optional[str], what: str) -> Optional[Endpoint]:
+    if text is None:
+        return None
+    try:
+        return Endpoint.parse(text)
+    except ValueError as e:
+        raise errors.InvalidArgumentError(f"{what}: {e}") from None
+
+
+def _emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=None, default=str))
+
+
+def _table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for r in [header] + rows:
+        click.echo("  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip())
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="pipexctl")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Offload L2TP/PPP sessions to the Linux kernel.
+
+    \b
+    Examples:
+      pipexctl check
+      pipexctl addsess l2tp --version 3 --pw eth --tunnel-id 100 --peer-tunnel-id 200 \\
+          --session-id 10 --peer-session-id 20 --local 10.98.0.1:5000 --remote 10.98.0.2:5001
+      pipexctl showsess --json
+    """
+    if ctx.obj is None:
+        ctx.obj = AppContext()
+    ctx.call_on_close(ctx.obj.close)
+
+
+# ---------------------------------------------------------------- tunnels
+
+id_type = click.IntRange(min=0, max=0xFFFFFFFF)
+
+
+def tunnel_options(fn):
+    for dec in reversed(
+        [
+            click.option("--tunnel-id", type=id_type, required=True, help="Our tunnel id."),
+            click.option("--peer-tunnel-id", type=id_type, required=True, help="The peer's tunnel id."),
+            click.option("--version", "l2tp_version", type=click.Choice(["2", "3"]), default="3", show_default=True, help="L2TP version."),
+            click.option("--encap", type=click.Choice(["udp", "ip"]), default="udp", show_default=True, help="Encapsulation (ip: L2TPv3 only)."),
+            click.option("--local", help="Local ADDR[:PORT] (IPv6: [ADDR]:PORT)."),
+            click.option("--remote", help="Peer ADDR[:PORT]."),
+            click.option("--udp-csum/--no-udp-csum", default=None, help="IPv4 UDP checksums (kernel default: off)."),
+            click.option("--udp6-zero-csum-tx", is_flag=True, help="IPv6: send zero UDP checksums."),
+            click.option("--udp6-zero-csum-rx", is_flag=True, help="IPv6: accept zero UDP checksums."),
+        ]
+    ):
+        fn = dec(fn)
+    return fn
+
+
+def _tunnel_spec(tunnel_id, peer_tunnel_id, l2tp_version, encap, local, remote, udp_csum, udp6_zero_csum_tx, udp6_zero_csum_rx) -> TunnelSpec:
+    return _spec(
+        TunnelSpec,
+        tunnel_id=tunnel_id,
+        peer_tunnel_id=peer_tunnel_id,
+        version=int(l2tp_version),
+        encap=Encap(encap),
+        local=_endpoint(local, "--local"),
+        remote=_endpoint(remote, "--remote"),
+        udp_csum=udp_csum,
+        udp6_zero_csum_tx=udp6_zero_csum_tx,
+        udp6_zero_csum_rx=udp6_zero_csum_rx,
+    )
+
+
+@cli.command()
+@tunnel_options
+@click.option("--json", "as_json", is_flag=True, help="Print the created tunnel as JSON.")
+@click.pass_obj
+@boundary
+def addtun(app: AppContext, as_json: bool, **kw) -> None:
+    """Create an unmanaged kernel tunnel (the kernel opens its own socket).
+
+    \b
+    Example:
+      pipexctl addtun --tunnel-id 100 --peer-tunnel-id 200 --local 10.98.0.1:5000 --remote 10.98.0.2:5001
+    """
+    t = app.orch.add_tunnel(_tunnel_spec(**kw))
+    if as_json:
+        _emit_json(t.model_dump(mode="json"))
+    else:
+        click.echo(f"tunnel {t.tunnel_id} created (peer {t.peer_tunnel_id}, L2TPv{t.version}/{t.encap.value})")
+
+
+@cli.command()
+@click.option("--tunnel-id", type=id_type, required=True, help="The tunnel to delete (and all its sessions).")
+@click.pass_obj
+@boundary
+def deltun(app: AppContext, tunnel_id: int) -> None:
+    """Delete a tunnel and every session in it.
+
+    \b
+    Example:
+      pipexctl deltun --tunnel-id 100
+    """
+    app.orch.delete_tunnel(tunnel_id)
+    click.echo(f"tunnel {tunnel_id} deleted")
+
+
+@cli.command()
+@click.option("--tunnel-id", type=id_type, help="Only this tunnel.")
+@click.option("--json", "as_json", is_flag=True, help="JSON, one array (like `ip -j`).")
+@click.pass_obj
+@boundary
+def showtun(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
+    """List kernel tunnels.
+
+    \b
+    Example:
+      pipexctl showtun --json
+    """
+    tunnels = app.orch.tunnels()
+    if tunnel_id is not None:
+        tunnels = [t for t in tunnels if t.tunnel_id == tunnel_id]
+        if not tunnels:
+            raise errors.NotFoundError(f"tunnel {tunnel_id} does not exist")
+    if as_json:
+        _emit_json([t.model_dump(mode="json") for t in tunnels])
+        return
+    rows = [
+        [t.tunnel_id, t.peer_tunnel_id, f"v{t.version}", t.encap.value, t.local or "-", t.remote or "-"]
+        for t in tunnels
+    ]
+    _table(rows, ["TUNNEL", "PEER", "VER", "ENCAP", "LOCAL", "REMOTE"])
+
+
+# ---------------------------------------------------------------- sessions
+
+OPENBSD_ORDER = (
+    "sess-id",
+    "peer-sess-id",
+    "src-addr",
+    "framed-addr",
+    "framed-netmask",
+    "local-addr:port",
+    "peer-addr:port",
+    "tun-id",
+    "peer-tun-id",
+)
+
+
+def _int_arg(value: str, name: str) -> int:
+    try:
+        v = int(value, 0)
+    except ValueError:
+        raise errors.InvalidArgumentError(f"{name}: {value!r} is not a number") from None
+    return v
+
+
+def _ip_arg(value: str, name: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise errors.InvalidArgumentError(f"{name}: {value!r} is not an IP address") from None
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1, metavar="[l2tp] [SESS-ID PEER-SESS-ID SRC-ADDR FRAMED-ADDR FRAMED-NETMASK LOCAL-ADDR:PORT PEER-ADDR:PORT TUN-ID PEER-TUN-ID]")
+@click.option("--tunnel-id", type=id_type, help="Our tunnel id.")
+@click.option("--peer-tunnel-id", type=id_type, help="Peer tunnel id (creates the tunnel when missing).")
+@click.option("--session-id", type=id_type, help="Our session id.")
+@click.option("--peer-session-id", type=id_type, help="The peer's session id.")
+@click.option("--local", help="Local ADDR:PORT of the tunnel (creates it when missing).")
+@click.option("--remote", help="Peer ADDR:PORT of the tunnel.")
+@click.option("--encap", type=click.Choice(["udp", "ip"]), default="udp", show_default=True)
+@click.option("--version", "l2tp_version", type=click.Choice(["2", "3"]), help="L2TP version [default: 2 with --pw ppp, else 3].")
+@click.option("--pw", type=click.Choice(["eth", "ppp"]), help="Pseudowire [default: ppp with --version 2, else eth].")
+@click.option("--ifname", help="Interface name of an eth pseudowire (e.g. pw0).")
+@click.option("--cookie", help="L2TPv3 cookie, 8 or 16 hex digits.")
+@click.option("--peer-cookie", help="L2TPv3 peer cookie.")
+@click.option("--l2spec", type=click.Choice(["none", "default"]), help="L2TPv3 L2-specific sublayer.")
+@click.option("--seq/--no-seq", "seq", default=None, help="Send and expect sequence numbers.")
+@click.option("--lns-mode", is_flag=True, default=None, help="PPP: act as LNS (controls sequencing).")
+@click.option("--udp-csum/--no-udp-csum", default=None, help="IPv4 UDP checksums of a new tunnel.")
+@click.option("--fd-to", type=click.Path(dir_okay=False), help="PPP: connect a PPPoL2TP socket and hand its fd to this unix socket (SCM_RIGHTS).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+@boundary
+def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_session_id, local, remote, encap,
+            l2tp_version, pw, ifname, cookie, peer_cookie, l2spec, seq, lns_mode, udp_csum, fd_to, as_json) -> None:
+    """Create a kernel session (and its tunnel when missing).
+
+    Two forms.  The OpenBSD pipexctl order (an L2TPv2 PPP session):
+
+    \b
+      pipexctl addsess l2tp SESS-ID PEER-SESS-ID SRC-ADDR FRAMED-ADDR FRAMED-NETMASK \\
+                            LOCAL-ADDR:PORT PEER-ADDR:PORT TUN-ID PEER-TUN-ID
+      pipexctl addsess l2tp 10 20 10.99.0.1 10.99.1.2 255.255.255.255 10.99.0.1:1701 10.99.0.2:1701 100 200
+
+    SRC-ADDR, FRAMED-ADDR and FRAMED-NETMASK are checked and passed on with the
+    fd (--fd-to); on Linux pppd negotiates the PPP addresses itself.
+
+    The long form, e.g. a standalone L2TPv3 Ethernet pseudowire:
+
+    \b
+      pipexctl addsess l2tp --version 3 --pw eth --encap udp --tunnel-id 100 \\
+          --peer-tunnel-id 200 --session-id 10 --peer-session-id 20 \\
+          --local 10.98.0.1:5000 --remote 10.98.0.2:5001 --ifname pw0
+
+    A PPP session lives while a PPPoL2TP socket is connected to it; with --fd-to
+    the socket is handed to a consumer (pppd plugin) that keeps it.
+    """
+    args = list(args)
+    if args and args[0] == "l2tp":
+        args.pop(0)
+    framed = {}
+    if args:
+        if len(args) != len(OPENBSD_ORDER):
+            raise errors.InvalidArgumentError(
+                f"the positional form takes {len(OPENBSD_ORDER)} values ({' '.join(OPENBSD_ORDER)}), got {len(args)}"
+            )
+        given = [n for n, v in (("--tunnel-id", tunnel_id), ("--peer-tunnel-id", peer_tunnel_id), ("--session-id", session_id),
+                                ("--peer-session-id", peer_session_id), ("--local", local), ("--remote", remote)) if v is not None]
+        if given:
+            raise errors.InvalidArgumentError(f"give ids and endpoints either positionally or as options, not both ({', '.join(given)})")
+        session_id = _int_arg(args[0], "sess-id")
+        peer_session_id = _int_arg(args[1], "peer-sess-id")
+        framed = {
+            "src_addr": _ip_arg(args[2], "src-addr"),
+            "framed_addr": _ip_arg(args[3], "framed-addr"),
+            "framed_netmask": _ip_arg(args[4], "framed-netmask"),
+        }
+        local, remote = args[5], args[6]
+        tunnel_id = _int_arg(args[7], "tun-id")
+        peer_tunnel_id = _int_arg(args[8], "peer-tun-id")
+        pw = pw or "ppp"
+    for name, v in (("--tunnel-id", tunnel_id), ("--session-id", session_id), ("--peer-session-id", peer_session_id)):
+        if v is None:
+            raise errors.InvalidArgumentError(f"missing {name}")
+    if pw is None:
+        pw = "ppp" if l2tp_version == "2" else "eth"
+    version = int(l2tp_version) if l2tp_version else (2 if pw == "ppp" else 3)
+
+    tspec = None
+    if peer_tunnel_id is not None or local is not None or remote is not None:
+        if peer_tunnel_id is None:
+            raise errors.InvalidArgumentError("creating the tunnel needs --peer-tunnel-id")
+        tspec = _tunnel_spec(tunnel_id, peer_tunnel_id, str(version), encap, local, remote, udp_csum, False, False)
+    sspec = _spec(
+        SessionSpec,
+        tunnel_id=tunnel_id,
+        session_id=session_id,
+        peer_session_id=peer_session_id,
+        version=version,
+        pw_type=PwType(pw),
+        ifname=ifname,
+        cookie=cookie,
+        peer_cookie=peer_cookie,
+        l2spec_type=None if l2spec is None else (1 if l2spec == "default" else 0),
+        recv_seq=seq,
+        send_seq=seq,
+        lns_mode=lns_mode,
+    )
+    if fd_to and pw != "ppp":
+        raise errors.InvalidArgumentError("--fd-to hands over a PPPoL2TP socket: it needs --pw ppp")
+
+    hand_off = None
+    if fd_to:
+        from .kernel.pppol2tp import send_fd
+
+        def hand_off(channel, meta):
+            send_fd(fd_to, channel.fileno(), meta_bytes({**meta, **framed}))
+
+    r = app.orch.add_session(sspec, tspec, connect_ppp=bool(fd_to), hand_off=hand_off)
+    if as_json:
+        _emit_json(
+            {
+                "tunnel": r.tunnel.model_dump(mode="json"),
+                "session": r.session.model_dump(mode="json"),
+                "tunnel_created": r.tunnel_created,
+                "channel": r.channel,
+                **framed,
+            }
+        )
+        return
+    what = f"session {r.session.session_id} in tunnel {r.tunnel.tunnel_id} created"
+    extra = []
+    if r.tunnel_created:
+        extra.append(f"tunnel {r.tunnel.tunnel_id} created")
+    if r.session.ifname:
+        extra.append(f"interface {r.session.ifname}")
+    if r.channel is not None:
+        extra.append(f"PPP channel {r.channel} handed to {fd_to}")
+    click.echo(what + (f" ({', '.join(extra)})" if extra else ""))
+
+
+@cli.command()
+@click.argument("proto", required=False, type=click.Choice(["l2tp"]))
+@click.option("--tunnel-id", type=id_type, required=True)
+@click.option("--session-id", type=id_type, required=True)
+@click.option("--tunnel-too", is_flag=True, help="Also delete the tunnel once it has no session left.")
+@click.pass_obj
+@boundary
+def delsess(app: AppContext, proto, tunnel_id: int, session_id: int, tunnel_too: bool) -> None:
+    """Delete a kernel session.
+
+    \b
+    Example:
+      pipexctl delsess l2tp --tunnel-id 100 --session-id 10
+    """
+    gone = app.orch.delete_session(tunnel_id, session_id, tunnel_too=tunnel_too)
+    click.echo(f"session {session_id} in tunnel {tunnel_id} deleted" + (f"; tunnel {tunnel_id} deleted" if gone else ""))
+
+
+def _session_rows(sessions):
+    return [
+        [s.tunnel_id, s.session_id, s.peer_tunnel_id if s.peer_tunnel_id is not None else "-", s.peer_session_id,
+         s.pw_type.value, s.ifname or "-"]
+        for s in sessions
+    ]
+
+
+@cli.command()
+@click.option("--tunnel-id", type=id_type, help="Only sessions of this tunnel.")
+@click.option("--json", "as_json", is_flag=True, help="JSON, one array (like `ip -j`).")
+@click.pass_obj
+@boundary
+def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
+    """List kernel sessions.
+
+    \b
+    Example:
+      pipexctl showsess --tunnel-id 100
+    """
+    sessions = app.orch.sessions(tunnel_id)
+    if as_json:
+        _emit_json([s.model_dump(mode="json") for s in sessions])
+        return
+    _table(_session_rows(sessions), ["TUNNEL", "SESSION", "PEER-TUNNEL", "PEER-SESSION", "PW", "IFNAME"])
+
+
+@cli.command()
+@click.option("--tunnel-id", type=id_type, help="Only this tunnel.")
+@click.option("--session-id", type=id_type, help="Only this session (with --tunnel-id).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@boundary
+def stat(app: AppContext, tunnel_id, session_id, as_json: bool) -> None:
+    """Per-session counters (netlink SESSION_GET statistics).
+
+    \b
+    Example:
+      pipexctl stat --tunnel-id 100 --session-id 10 --json
+    """
+    if session_id is not None:
+        if tunnel_id is None:
+            raise errors.InvalidArgumentError("--session-id needs --tunnel-id")
+        sessions = [app.orch.session(tunnel_id, session_id)]
+    else:
+        sessions = app.orch.sessions(tunnel_id)
+    if as_json:
+        _emit_json([{"tunnel_id": s.tunnel_id, "session_id": s.session_id, **s.stats.model_dump()} for s in sessions])
+        return
+    rows = [
+        [s.tunnel_id, s.session_id, s.stats.rx_packets, s.stats.rx_bytes, s.stats.rx_errors,
+         s.stats.tx_packets, s.stats.tx_bytes, s.stats.tx_errors]
+        for s in sessions
+    ]
+    _table(rows, ["TUNNEL", "SESSION", "RX-PKTS", "RX-BYTES", "RX-ERR", "TX-PKTS", "TX-BYTES", "TX-ERR"])
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@boundary
+def check(as_json: bool) -> None:
+    """Report kernel support: modules, genl family, PPPoL2TP, /dev/ppp, nftables.
+
+    Exits 1 when something required is missing.
+
+    \b
+    Example:
+      pipexctl check
+    """
+    from .kernel.check import as_dicts, run_checks
+
+    checks = run_checks()
+    if as_json:
+        _emit_json(as_dicts(checks))
+    else:
+        for c in checks:
+            mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
+            click.echo(f"{mark}  {c.name:22} {c.detail}")
+    if any(c.required and not c.ok for c in checks):
+        sys.exit(1)
+
+
+def main() -> None:
+    cli(prog_name="pipexctl")
+
+
+if __name__ == "__main__":
+    main()

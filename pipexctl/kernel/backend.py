@@ -1,0 +1,183 @@
+"""Kernel backends: the one interface the orchestrator drives.
+
+``NetlinkBackend`` is the real one (generic netlink + PPPoL2TP sockets).
+``NullBackend`` keeps the same objects in memory with the kernel's error
+semantics (EEXIST, ENOENT, the tunnel/session relation) so that the
+orchestrator and the CLI can be unit-tested on a host without L2TP -- the
+same split as go-l2tp's null data plane.  It is never used by the kernel
+tests.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Optional, Protocol
+
+from .. import errors
+from ..model import Session, SessionSpec, Stats, Tunnel, TunnelSpec
+
+
+class PPPChannel(Protocol):
+    tunnel_id: int
+    session_id: int
+
+    def fileno(self) -> int: ...
+    def channel(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class KernelBackend(Protocol):
+    def tunnel_create(self, spec: TunnelSpec) -> None: ...
+    def tunnel_delete(self, tunnel_id: int) -> None: ...
+    def tunnel_get(self, tunnel_id: int) -> Tunnel: ...
+    def tunnel_dump(self) -> list[Tunnel]: ...
+    def session_create(self, spec: SessionSpec) -> None: ...
+    def session_delete(self, tunnel_id: int, session_id: int) -> None: ...
+    def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None: ...
+    def session_get(self, tunnel_id: int, session_id: int) -> Session: ...
+    def session_dump(self) -> list[Session]: ...
+    def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel: ...
+    def close(self) -> None: ...
+
+
+class NetlinkBackend:
+    """The real kernel, through the "l2tp" generic-netlink family."""
+
+    def __init__(self) -> None:
+        from .netlink import L2tpNetlink
+
+        self.nl = L2tpNetlink()
+
+    def __getattr__(self, name):
+        # tunnel_* and session_* go straight to the netlink socket
+        if name.startswith(("tunnel_", "session_")):
+            return getattr(self.nl, name)
+        raise AttributeError(name)
+
+    def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
+        from .pppol2tp import PPPoL2TPSocket
+
+        s = PPPoL2TPSocket()
+        try:
+            s.connect(
+                version=tunnel.version,
+                tunnel_id=tunnel.tunnel_id,
+                session_id=session.session_id,
+                peer_tunnel_id=tunnel.peer_tunnel_id,
+                peer_session_id=session.peer_session_id,
+                family=tunnel.local.address.version if tunnel.local else 4,
+            )
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    def close(self) -> None:
+        self.nl.close()
+
+
+class _NullChannel:
+    def __init__(self, backend: "NullBackend", tunnel_id: int, session_id: int, index: int) -> None:
+        self.backend, self.tunnel_id, self.session_id, self.index = backend, tunnel_id, session_id, index
+        self.closed = False
+
+    def fileno(self) -> int:
+        return -1
+
+    def channel(self) -> int:
+        return self.index
+
+    def close(self) -> None:
+        # closing a PPPoL2TP socket deletes its session, as in the kernel
+        if not self.closed:
+            self.closed = True
+            self.backend._sessions.pop((self.tunnel_id, self.session_id), None)
+
+
+class NullBackend:
+    """In-memory kernel stand-in for unit tests (kernel error semantics)."""
+
+    def __init__(self, fail_on: Optional[dict[str, int]] = None) -> None:
+        self._tunnels: dict[int, Tunnel] = {}
+        self._sessions: dict[tuple[int, int], Session] = {}
+        self._channels = 0
+        self.fail_on = fail_on or {}  # method name -> errno, to exercise error paths
+        self.calls: list[str] = []
+
+    def _maybe_fail(self, name: str, what: str, action: str) -> None:
+        self.calls.append(name)
+        if name in self.fail_on:
+            raise errors.from_errno(self.fail_on[name], what, action)
+
+    def tunnel_create(self, spec: TunnelSpec) -> None:
+        self._maybe_fail("tunnel_create", spec.describe(), "create")
+        if spec.tunnel_id in self._tunnels:
+            raise errors.from_errno(errno.EEXIST, spec.describe(), "create")
+        self._tunnels[spec.tunnel_id] = Tunnel(
+            tunnel_id=spec.tunnel_id,
+            peer_tunnel_id=spec.peer_tunnel_id,
+            version=spec.version,
+            encap=spec.encap,
+            local=spec.local,
+            remote=spec.remote,
+            udp_csum=spec.udp_csum,
+        )
+
+    def tunnel_delete(self, tunnel_id: int) -> None:
+        self._maybe_fail("tunnel_delete", f"tunnel {tunnel_id}", "delete")
+        if self._tunnels.pop(tunnel_id, None) is None:
+            raise errors.from_errno(errno.ENOENT, f"tunnel {tunnel_id}", "delete")
+        for key in [k for k in self._sessions if k[0] == tunnel_id]:
+            del self._sessions[key]
+
+    def tunnel_get(self, tunnel_id: int) -> Tunnel:
+        if tunnel_id not in self._tunnels:
+            raise errors.from_errno(errno.ENOENT, f"tunnel {tunnel_id}", "get")
+        return self._tunnels[tunnel_id]
+
+    def tunnel_dump(self) -> list[Tunnel]:
+        return list(self._tunnels.values())
+
+    def session_create(self, spec: SessionSpec) -> None:
+        self._maybe_fail("session_create", spec.describe(), "create")
+        if spec.tunnel_id not in self._tunnels:
+            raise errors.from_errno(errno.ENOENT, f"tunnel {spec.tunnel_id}", "create a session in")
+        if (spec.tunnel_id, spec.session_id) in self._sessions:
+            raise errors.from_errno(errno.EEXIST, spec.describe(), "create")
+        self._sessions[(spec.tunnel_id, spec.session_id)] = Session(
+            tunnel_id=spec.tunnel_id,
+            session_id=spec.session_id,
+            peer_session_id=spec.peer_session_id,
+            peer_tunnel_id=self._tunnels[spec.tunnel_id].peer_tunnel_id,
+            pw_type=spec.pw_type,
+            ifname=spec.ifname or (f"l2tpeth{len(self._sessions)}" if spec.pw_type.value == "eth" else None),
+            cookie=spec.cookie,
+            peer_cookie=spec.peer_cookie,
+            stats=Stats(),
+        )
+
+    def session_delete(self, tunnel_id: int, session_id: int) -> None:
+        what = f"session {session_id} in tunnel {tunnel_id}"
+        self._maybe_fail("session_delete", what, "delete")
+        if self._sessions.pop((tunnel_id, session_id), None) is None:
+            raise errors.from_errno(errno.ENOENT, what, "delete")
+
+    def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None:
+        s = self.session_get(tunnel_id, session_id)
+        self._sessions[(tunnel_id, session_id)] = s.model_copy(update={k: v for k, v in kw.items() if v is not None})
+
+    def session_get(self, tunnel_id: int, session_id: int) -> Session:
+        if (tunnel_id, session_id) not in self._sessions:
+            raise errors.from_errno(errno.ENOENT, f"session {session_id} in tunnel {tunnel_id}", "get")
+        return self._sessions[(tunnel_id, session_id)]
+
+    def session_dump(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
+        self._maybe_fail("ppp_connect", session.describe(), "connect a PPPoL2TP socket to")
+        self._channels += 1
+        return _NullChannel(self, tunnel.tunnel_id, session.session_id, self._channels)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,278 @@
+"""The model: what a tunnel and a session are, validated.
+
+Every layer above the kernel backend speaks these types.  Ids are validated
+for the protocol version (L2TPv2: 16-bit, 1..65535; L2TPv3: 32-bit,
+1..2**32-1), addresses and ports for their family and encapsulation.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from typing import Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .kernel import uapi
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+
+V2_MAX_ID = 0xFFFF
+V3_MAX_ID = 0xFFFFFFFF
+
+
+class Encap(str, enum.Enum):
+    udp = "udp"
+    ip = "ip"
+
+    @property
+    def kernel(self) -> int:
+        return uapi.L2TP_ENCAPTYPE_UDP if self is Encap.udp else uapi.L2TP_ENCAPTYPE_IP
+
+    @classmethod
+    def from_kernel(cls, value: int) -> "Encap":
+        return cls.ip if value == uapi.L2TP_ENCAPTYPE_IP else cls.udp
+
+
+class PwType(str, enum.Enum):
+    """Pseudowire types, values as ``enum l2tp_pwtype``."""
+
+    eth = "eth"
+    eth_vlan = "eth_vlan"
+    ppp = "ppp"
+    ppp_ac = "ppp_ac"
+    ip = "ip"
+    none = "none"
+
+    @property
+    def kernel(self) -> int:
+        return _PW_TO_KERNEL[self]
+
+    @classmethod
+    def from_kernel(cls, value: int) -> "PwType":
+        for k, v in _PW_TO_KERNEL.items():
+            if v == value:
+                return k
+        return cls.none
+
+
+_PW_TO_KERNEL = {
+    PwType.none: uapi.L2TP_PWTYPE_NONE,
+    PwType.eth_vlan: uapi.L2TP_PWTYPE_ETH_VLAN,
+    PwType.eth: uapi.L2TP_PWTYPE_ETH,
+    PwType.ppp: uapi.L2TP_PWTYPE_PPP,
+    PwType.ppp_ac: uapi.L2TP_PWTYPE_PPP_AC,
+    PwType.ip: uapi.L2TP_PWTYPE_IP,
+}
+
+
+def max_id(version: int) -> int:
+    return V2_MAX_ID if version == 2 else V3_MAX_ID
+
+
+def check_id(value: int, version: int, what: str) -> int:
+    top = max_id(version)
+    if not 1 <= value <= top:
+        raise ValueError(f"{what} {value} out of range for L2TPv{version} (1..{top})")
+    return value
+
+
+class Endpoint(BaseModel):
+    """An IP address and, for UDP encapsulation, a port."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: IPAddress
+    port: int = Field(0, ge=0, le=65535)
+
+    @classmethod
+    def parse(cls, text: str, default_port: int = 0) -> "Endpoint":
+        """Parse ``1.2.3.4``, ``1.2.3.4:1701``, ``[2001:db8::1]:1701`` or ``2001:db8::1``."""
+        text = text.strip()
+        if text.startswith("["):
+            host, sep, rest = text[1:].partition("]")
+            if not sep:
+                raise ValueError(f"bad endpoint {text!r}: missing ']'")
+            port = rest[1:] if rest.startswith(":") else ""
+            if rest and not rest.startswith(":"):
+                raise ValueError(f"bad endpoint {text!r}")
+        elif text.count(":") == 1:
+            host, _, port = text.partition(":")
+        else:
+            host, port = text, ""
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"bad endpoint {text!r}: {host!r} is not an IP address") from None
+        if port:
+            if not port.isdigit() or not 0 <= int(port) <= 65535:
+                raise ValueError(f"bad endpoint {text!r}: port must be 0..65535")
+            return cls(address=addr, port=int(port))
+        return cls(address=addr, port=default_port)
+
+    def __str__(self) -> str:
+        if self.address.version == 6:
+            return f"[{self.address}]:{self.port}"
+        return f"{self.address}:{self.port}"
+
+
+class TunnelSpec(BaseModel):
+    """What to create: a kernel L2TP tunnel.
+
+    Managed tunnel: ``fd`` is a bound and connected UDP (or L2TP/IP) socket
+    owned by the caller; closing it deletes the tunnel.  Unmanaged tunnel:
+    no ``fd``, the kernel opens its own socket from ``local``/``remote``.
+    """
+
+    tunnel_id: int
+    peer_tunnel_id: int
+    version: int = 3
+    encap: Encap = Encap.udp
+    local: Optional[Endpoint] = None
+    remote: Optional[Endpoint] = None
+    fd: Optional[int] = Field(None, ge=0)
+    udp_csum: Optional[bool] = None
+    udp6_zero_csum_tx: bool = False
+    udp6_zero_csum_rx: bool = False
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v not in (2, 3):
+            raise ValueError(f"L2TP version must be 2 or 3, not {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "TunnelSpec":
+        check_id(self.tunnel_id, self.version, "tunnel id")
+        check_id(self.peer_tunnel_id, self.version, "peer tunnel id")
+        if self.version == 2 and self.encap is not Encap.udp:
+            raise ValueError("L2TPv2 runs over UDP only (encap ip is L2TPv3)")
+        if self.fd is None:
+            if self.local is None or self.remote is None:
+                raise ValueError("an unmanaged tunnel (no fd) needs both local and remote addresses")
+            if self.local.address.version != self.remote.address.version:
+                raise ValueError("local and remote addresses must be of the same family")
+            if self.encap is Encap.udp and (not self.local.port or not self.remote.port):
+                raise ValueError("UDP encapsulation needs local and remote ports")
+        elif self.local and self.remote and self.local.address.version != self.remote.address.version:
+            raise ValueError("local and remote addresses must be of the same family")
+        return self
+
+    @property
+    def family(self) -> int:
+        ep = self.local or self.remote
+        return ep.address.version if ep else 4
+
+    def describe(self) -> str:
+        return f"tunnel {self.tunnel_id}"
+
+
+class SessionSpec(BaseModel):
+    """What to create: a kernel session in an existing tunnel."""
+
+    tunnel_id: int
+    session_id: int
+    peer_session_id: int
+    version: int = 3
+    pw_type: PwType = PwType.eth
+    ifname: Optional[str] = None
+    cookie: Optional[bytes] = None
+    peer_cookie: Optional[bytes] = None
+    l2spec_type: Optional[int] = Field(None, ge=0, le=1)
+    recv_seq: Optional[bool] = None
+    send_seq: Optional[bool] = None
+    lns_mode: Optional[bool] = None
+    recv_timeout_ms: Optional[int] = Field(None, ge=0)
+    mtu: Optional[int] = Field(None, ge=68, le=65535)
+
+    @field_validator("ifname")
+    @classmethod
+    def _ifname(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        if not 1 <= len(v) <= 15 or any(c in v for c in "/ \t\n:") or v in (".", ".."):
+            raise ValueError(f"bad interface name {v!r} (1..15 characters, no '/', ':' or spaces)")
+        return v
+
+    @field_validator("cookie", "peer_cookie", mode="before")
+    @classmethod
+    def _cookie(cls, v):
+        if isinstance(v, str):
+            try:
+                v = bytes.fromhex(v)
+            except ValueError:
+                raise ValueError(f"cookie {v!r} is not hex") from None
+        if v is not None and len(v) not in (4, 8):
+            raise ValueError("a cookie is 4 or 8 bytes (8 or 16 hex digits)")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "SessionSpec":
+        if self.version not in (2, 3):
+            raise ValueError(f"L2TP version must be 2 or 3, not {self.version}")
+        check_id(self.tunnel_id, self.version, "tunnel id")
+        check_id(self.session_id, self.version, "session id")
+        check_id(self.peer_session_id, self.version, "peer session id")
+        if self.version == 2:
+            if self.pw_type is not PwType.ppp:
+                raise ValueError("L2TPv2 carries PPP only (use --pw ppp)")
+            if self.cookie or self.peer_cookie:
+                raise ValueError("cookies are an L2TPv3 feature")
+        if self.pw_type is PwType.ppp and self.ifname:
+            raise ValueError("PPP sessions have no interface of their own (pppd creates pppN); drop --ifname")
+        return self
+
+    def describe(self) -> str:
+        return f"session {self.session_id} in tunnel {self.tunnel_id}"
+
+
+class Stats(BaseModel):
+    tx_packets: int = 0
+    tx_bytes: int = 0
+    tx_errors: int = 0
+    rx_packets: int = 0
+    rx_bytes: int = 0
+    rx_seq_discards: int = 0
+    rx_oos_packets: int = 0
+    rx_errors: int = 0
+    rx_cookie_discards: int = 0
+    rx_invalid: int = 0
+
+
+class Tunnel(BaseModel):
+    """A tunnel as the kernel reports it."""
+
+    tunnel_id: int
+    peer_tunnel_id: int
+    version: int
+    encap: Encap
+    local: Optional[Endpoint] = None
+    remote: Optional[Endpoint] = None
+    udp_csum: Optional[bool] = None
+    udp6_zero_csum_tx: bool = False
+    udp6_zero_csum_rx: bool = False
+    stats: Stats = Field(default_factory=Stats)
+
+
+class Session(BaseModel):
+    """A session as the kernel reports it."""
+
+    tunnel_id: int
+    session_id: int
+    peer_session_id: int
+    peer_tunnel_id: Optional[int] = None
+    pw_type: PwType
+    ifname: Optional[str] = None
+    cookie: Optional[bytes] = None
+    peer_cookie: Optional[bytes] = None
+    l2spec_type: Optional[int] = None
+    recv_seq: bool = False
+    send_seq: bool = False
+    lns_mode: bool = False
+    recv_timeout_ms: Optional[int] = None
+    using_ipsec: bool = False
+    stats: Stats = Field(default_factory=Stats)
+
+    def describe(self) -> str:
+        return f"session {self.session_id} in tunnel {self.tunnel_id}"

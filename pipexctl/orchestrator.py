@@ -1,0 +1,177 @@
+"""The orchestrator: multi-step kernel operations, each all-or-nothing.
+
+Every public method either completes or leaves the kernel as it found it:
+a tunnel created for a session that then fails is deleted again; a PPP
+session whose channel cannot be connected or handed off is deleted again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from . import errors
+from .kernel.backend import KernelBackend, PPPChannel
+from .model import Session, SessionSpec, Tunnel, TunnelSpec, check_id
+
+
+@dataclass
+class AddSessionResult:
+    tunnel: Tunnel
+    session: Session
+    tunnel_created: bool
+    channel: Optional[int] = None  # PPP channel index, when a PPPoL2TP socket was connected
+
+
+def _same_tunnel(have: Tunnel, want: TunnelSpec) -> list[str]:
+    diffs = []
+    if have.peer_tunnel_id != want.peer_tunnel_id:
+        diffs.append(f"peer tunnel id {have.peer_tunnel_id} != {want.peer_tunnel_id}")
+    if have.version != want.version:
+        diffs.append(f"version {have.version} != {want.version}")
+    if have.encap != want.encap:
+        diffs.append(f"encap {have.encap.value} != {want.encap.value}")
+    if want.fd is None:
+        for name in ("local", "remote"):
+            a, b = getattr(have, name), getattr(want, name)
+            if a is not None and b is not None and (a.address != b.address or a.port != b.port):
+                diffs.append(f"{name} {a} != {b}")
+    return diffs
+
+
+class Orchestrator:
+    def __init__(self, backend: KernelBackend) -> None:
+        self.backend = backend
+
+    # ---- tunnels
+    def add_tunnel(self, spec: TunnelSpec) -> Tunnel:
+        self.backend.tunnel_create(spec)
+        return self.backend.tunnel_get(spec.tunnel_id)
+
+    def ensure_tunnel(self, spec: TunnelSpec) -> tuple[Tunnel, bool]:
+        """The tunnel ``spec`` names: existing (if it matches) or new."""
+        existing = {t.tunnel_id: t for t in self.backend.tunnel_dump()}
+        have = existing.get(spec.tunnel_id)
+        if have is not None:
+            diffs = _same_tunnel(have, spec)
+            if diffs:
+                raise errors.ConflictError(f"tunnel {spec.tunnel_id} already exists with other parameters: " + "; ".join(diffs))
+            return have, False
+        return self.add_tunnel(spec), True
+
+    def delete_tunnel(self, tunnel_id: int) -> None:
+        self.backend.tunnel_delete(tunnel_id)
+
+    def tunnels(self) -> list[Tunnel]:
+        return sorted(self.backend.tunnel_dump(), key=lambda t: t.tunnel_id)
+
+    # ---- sessions
+    def add_session(
+        self,
+        session: SessionSpec,
+        tunnel: Optional[TunnelSpec] = None,
+        *,
+        connect_ppp: bool = False,
+        hand_off: Optional[Callable[[PPPChannel, dict], None]] = None,
+    ) -> AddSessionResult:
+        """Create ``session`` (and ``tunnel`` first, if given and missing).
+
+        With ``connect_ppp`` a PPPoL2TP socket is connected to a PPP session
+        and ``hand_off(channel, meta)`` passes it on (e.g. over a unix socket
+        to pppd); the socket is closed here afterwards, so the session lives
+        exactly as long as the consumer keeps its copy of the fd.
+        """
+        created = False
+        if tunnel is not None:
+            if tunnel.tunnel_id != session.tunnel_id:
+                raise errors.InvalidArgumentError(
+                    f"session names tunnel {session.tunnel_id} but tunnel spec is {tunnel.tunnel_id}"
+                )
+            kt, created = self.ensure_tunnel(tunnel)
+        else:
+            kt = self.backend.tunnel_get(session.tunnel_id)
+        try:
+            if kt.version != session.version:
+                # re-validate the ids for the tunnel's real version
+                try:
+                    session = SessionSpec(**{**session.model_dump(), "version": kt.version})
+                except ValueError as e:
+                    raise errors.InvalidArgumentError(_first_error(e)) from None
+            self.backend.session_create(session)
+            channel_index = None
+            try:
+                ks = self.backend.session_get(session.tunnel_id, session.session_id)
+                if connect_ppp:
+                    if ks.pw_type.value != "ppp":
+                        raise errors.InvalidArgumentError("only PPP sessions have a PPPoL2TP channel")
+                    ch = self.backend.ppp_connect(kt, ks)
+                    try:
+                        channel_index = ch.channel()
+                        if hand_off is not None:
+                            hand_off(ch, _meta(kt, ks, channel_index))
+                    finally:
+                        ch.close()
+            except BaseException:
+                _quiet(lambda: self.backend.session_delete(session.tunnel_id, session.session_id))
+                raise
+        except BaseException:
+            if created:
+                _quiet(lambda: self.backend.tunnel_delete(kt.tunnel_id))
+            raise
+        return AddSessionResult(kt, ks, created, channel_index)
+
+    def delete_session(self, tunnel_id: int, session_id: int, *, tunnel_too: bool = False) -> bool:
+        """Delete a session; with ``tunnel_too`` also its tunnel once empty.
+
+        Returns whether the tunnel was deleted.
+        """
+        self.backend.session_delete(tunnel_id, session_id)
+        if tunnel_too and not any(s.tunnel_id == tunnel_id for s in self.backend.session_dump()):
+            self.backend.tunnel_delete(tunnel_id)
+            return True
+        return False
+
+    def sessions(self, tunnel_id: Optional[int] = None) -> list[Session]:
+        out = self.backend.session_dump()
+        if tunnel_id is not None:
+            out = [s for s in out if s.tunnel_id == tunnel_id]
+        return sorted(out, key=lambda s: (s.tunnel_id, s.session_id))
+
+    def session(self, tunnel_id: int, session_id: int) -> Session:
+        return self.backend.session_get(tunnel_id, session_id)
+
+
+def _meta(t: Tunnel, s: Session, channel: int) -> dict:
+    return {
+        "tunnel_id": t.tunnel_id,
+        "peer_tunnel_id": t.peer_tunnel_id,
+        "session_id": s.session_id,
+        "peer_session_id": s.peer_session_id,
+        "version": t.version,
+        "channel": channel,
+    }
+
+
+def meta_bytes(meta: dict) -> bytes:
+    return json.dumps(meta, sort_keys=True).encode()
+
+
+def _quiet(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except errors.PipexError:
+        pass
+
+
+def _first_error(e: Exception) -> str:
+    errs = getattr(e, "errors", None)
+    if callable(errs):
+        items = errs()
+        if items:
+            msg = str(items[0].get("msg", e))
+            return msg.removeprefix("Value error, ")
+    return str(e)
+
+
+__all__ = ["Orchestrator", "AddSessionResult", "check_id"]

@@ -1,0 +1,363 @@
+"""Boot Debian's kernel under QEMU and run one command in it, as root.
+
+The machine pipexctl is developed and tested on has no L2TP and no PPP in its
+own kernel.  This module boots the Debian ``linux-image-amd64`` kernel that
+the project's set-up installs, with the host's root filesystem shared
+read-only over 9p and a tmpfs overlay on top, so the guest runs the very same
+Python, virtualenv, pppd and xl2tpd.  A second, writable 9p share (a fresh
+temporary directory, mounted in the guest at the same path) carries the
+command's results and its exit status back to the host.
+
+Nothing here is mocked: the guest is a real Linux kernel with the real
+l2tp_*, ppp_* and pppox modules.
+
+Usage from the shell::
+
+    python -m pipexctl.testing.vm -- ip l2tp show tunnel
+    python -m pipexctl.testing.vm --cwd /work/main -- python -m pytest -m kernel
+
+The exit status is the guest command's exit status, or 125 when the guest
+could not be booted (the reason is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Modules the initramfs needs to reach the 9p root and build the overlay.
+# Their dependencies are resolved from modules.dep, so the order and the
+# exact set follow whatever kernel is installed.
+INITRAMFS_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio-rng")
+
+BOOT_FAILED = 125
+
+INIT_SCRIPT = r"""#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /lower /upper /root
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for m in $(cat /modules.order); do insmod "/modules/$m" || echo "pipexctl-vm: insmod $m failed"; done
+results=""
+for arg in $(cat /proc/cmdline); do
+  case "$arg" in pipexctl.results=*) results="${arg#pipexctl.results=}";; esac
+done
+fail() { echo "pipexctl-vm: $*"; echo "@@PIPEXCTL-VM-EXIT 125@@"; poweroff -f; }
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose hostroot /lower || fail "cannot mount the host root over 9p"
+mount -t tmpfs -o mode=0755 tmpfs /upper || fail "cannot mount tmpfs"
+mkdir -p /upper/data /upper/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/data,workdir=/upper/work /root || fail "cannot mount the overlay"
+for d in proc sys dev; do mount --move /$d /root/$d; done
+mkdir -p /root/dev/pts /root/dev/shm
+mount -t devpts -o newinstance,ptmxmode=0666 devpts /root/dev/pts
+mount -t tmpfs tmpfs /root/dev/shm
+mount -t tmpfs -o mode=0755 tmpfs /root/run
+mount -t tmpfs -o mode=1777 tmpfs /root/tmp
+mkdir -p "/root$results"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 results "/root$results" || fail "cannot mount the results share"
+# switch_root, not chroot: the kernel's module loader (request_module) runs
+# /sbin/modprobe in PID 1's root, which must be the host's root.
+exec switch_root /root /bin/sh "$results/guest.sh"
+"""
+
+# Runs inside the chroot (the host's root, overlaid).  Brings the machine to
+# the state the tests expect, then runs the command.
+GUEST_PRELUDE = r"""
+set -u
+export PIPEXCTL_IN_GUEST=1
+export HOME=/root
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH_EXTRA:-}
+ip link set lo up
+mkdir -p /run/netns /run/xl2tpd /var/run
+[ -L /dev/ptmx ] || { rm -f /dev/ptmx; ln -s pts/ptmx /dev/ptmx; }
+[ -d /sys/kernel/debug ] && mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+"""
+
+
+class VMError(RuntimeError):
+    """The guest could not be booted; the message says why."""
+
+
+@dataclass
+class GuestResult:
+    returncode: int
+    results_dir: Path
+    console: str = ""
+    boot_seconds: float = 0.0
+    total_seconds: float = 0.0
+    files: dict = field(default_factory=dict)
+
+
+def find_kernel() -> tuple[Path, str]:
+    """The newest installed kernel image that has L2TP modules."""
+    candidates = []
+    for image in Path("/boot").glob("vmlinuz-*"):
+        version = image.name[len("vmlinuz-"):]
+        moddir = Path("/lib/modules") / version
+        if (moddir / "kernel/net/l2tp").is_dir() and (moddir / "modules.dep").is_file():
+            candidates.append((image.stat().st_mtime, image, version))
+    if not candidates:
+        raise VMError(
+            "no kernel with L2TP modules found in /boot and /lib/modules: "
+            "run `make setup` (it installs Debian's linux-image-amd64)"
+        )
+    candidates.sort()
+    _, image, version = candidates[-1]
+    if not os.access(image, os.R_OK):
+        raise VMError(f"{image} is not readable (run as root)")
+    return image, version
+
+
+def _module_closure(version: str, names: tuple[str, ...]) -> list[Path]:
+    """Module files for ``names`` and their dependencies, dependencies first."""
+    moddir = Path("/lib/modules") / version
+    deps: dict[str, list[str]] = {}
+    by_name: dict[str, str] = {}
+    for line in (moddir / "modules.dep").read_text().splitlines():
+        path, _, rest = line.partition(":")
+        deps[path] = rest.split()
+        base = os.path.basename(path)
+        base = re.sub(r"\.ko(\.(xz|zst|gz))?$", "", base)
+        by_name[base] = path
+        by_name[base.replace("-", "_")] = path
+    order: list[str] = []
+
+    def visit(path: str) -> None:
+        if path in order:
+            return
+        for dep in deps.get(path, []):
+            visit(dep)
+        order.append(path)
+
+    for name in names:
+        path = by_name.get(name) or by_name.get(name.replace("-", "_"))
+        if path is None:
+            if name == "virtio-rng":
+                continue  # optional: only speeds up the entropy pool
+            raise VMError(f"kernel {version} has no module {name}")
+        visit(path)
+    files = [moddir / p for p in order]
+    for f in files:
+        if not f.name.endswith(".ko"):
+            raise VMError(f"{f}: compressed modules are not supported by the initramfs builder")
+    return files
+
+
+def _cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
+    """A newc cpio archive of (name, mode, data) entries."""
+    out = io.BytesIO()
+    ino = 1
+    for name, mode, data in entries + [("TRAILER!!!", 0, b"")]:
+        namez = name.encode() + b"\0"
+        header = "070701" + "".join(
+            f"{v:08x}"
+            for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(namez), 0)
+        )
+        out.write(header.encode())
+        out.write(namez)
+        out.write(b"\0" * ((4 - (110 + len(namez)) % 4) % 4))
+        out.write(data)
+        out.write(b"\0" * ((4 - len(data) % 4) % 4))
+        ino += 1
+    return out.getvalue()
+
+
+def build_initramfs(version: str, dest: Path) -> Path:
+    busybox = Path("/bin/busybox")
+    if not busybox.exists():
+        raise VMError("/bin/busybox missing: run `make setup` (it installs busybox-static)")
+    mods = _module_closure(version, INITRAMFS_MODULES)
+    d = stat.S_IFDIR | 0o755
+    f = stat.S_IFREG | 0o755
+    entries = [("bin", d, b""), ("modules", d, b""), ("proc", d, b""), ("sys", d, b""), ("dev", d, b"")]
+    entries.append(("bin/busybox", f, busybox.read_bytes()))
+    entries.append(("init", f, INIT_SCRIPT.encode()))
+    entries.append(("modules.order", stat.S_IFREG | 0o644, "\n".join(m.name for m in mods).encode() + b"\n"))
+    for m in mods:
+        entries.append((f"modules/{m.name}", stat.S_IFREG | 0o644, m.read_bytes()))
+    dest.write_bytes(gzip.compress(_cpio_newc(entries), compresslevel=1))
+    return dest
+
+
+def qemu_binary() -> str:
+    path = shutil.which("qemu-system-x86_64")
+    if not path:
+        raise VMError("qemu-system-x86_64 not found: run `make setup` (it installs qemu-system-x86)")
+    return path
+
+
+def run_in_guest(
+    command: list[str] | str,
+    *,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    memory_mb: int = 2048,
+    cpus: int = 2,
+    timeout: float = 1500.0,
+    echo: bool = True,
+    keep_results: bool = False,
+    progress: bool = False,
+    files: dict[str, str] | None = None,
+) -> GuestResult:
+    """Boot the guest, run ``command`` as root in ``cwd`` and power off.
+
+    ``files`` maps names to text written into the shared results directory
+    before boot (the guest sees them at ``$PIPEXCTL_RESULTS/<name>``).
+    Everything the command writes below ``$PIPEXCTL_RESULTS`` comes back in
+    ``GuestResult.results_dir``.
+    """
+    if os.geteuid() != 0:
+        raise VMError("the test VM must be started as root (it shares / over 9p with passthrough)")
+    image, version = find_kernel()
+    qemu = qemu_binary()
+    results = Path(tempfile.mkdtemp(prefix="pipexctl-vm-"))
+    os.chmod(results, 0o755)
+    initrd = build_initramfs(version, results / "initramfs.gz")
+    cmd = command if isinstance(command, str) else shlex.join(command)
+    script = [GUEST_PRELUDE, f"export PIPEXCTL_RESULTS={shlex.quote(str(results))}"]
+    for k, v in (env or {}).items():
+        script.append(f"export {k}={shlex.quote(v)}")
+    script.append(f"cd {shlex.quote(cwd or os.getcwd())} || exit 126")
+    script.append(f"( {cmd} )")
+    script.append("status=$?")
+    script.append(f'echo "$status" > {shlex.quote(str(results))}/exit-status')
+    script.append('echo "@@PIPEXCTL-VM-EXIT $status@@"')
+    script.append("sync")
+    script.append("/bin/busybox poweroff -f || echo o > /proc/sysrq-trigger")
+    script.append("sleep 10")
+    (results / "guest.sh").write_text("\n".join(script) + "\n")
+    for name, text in (files or {}).items():
+        (results / name).write_text(text)
+
+    argv = [
+        qemu,
+        "-accel", os.environ.get("PIPEXCTL_VM_ACCEL", "tcg"),
+        "-m", str(memory_mb),
+        "-smp", str(cpus),
+        "-display", "none", "-monitor", "none", "-serial", "stdio",
+        "-no-reboot",
+        "-kernel", str(image),
+        "-initrd", str(initrd),
+        "-append", f"console=ttyS0 quiet loglevel=3 panic=-1 random.trust_cpu=on pipexctl.results={results}",
+        "-virtfs", "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
+        "-virtfs", f"local,path={results},mount_tag=results,security_model=passthrough,multidevs=remap",
+        "-device", "virtio-rng-pci",
+        "-nic", "none",
+    ]
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    console: list[str] = []
+    marker = re.compile(r"@@PIPEXCTL-VM-EXIT (\d+)@@")
+    marker_status: list[int] = []
+    boot_done: list[float] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").replace("\r", "")
+            console.append(line)
+            m = marker.search(line)
+            if m:
+                marker_status.append(int(m.group(1)))
+                continue
+            if not boot_done:
+                boot_done.append(time.monotonic() - start)
+            if echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    spinner = None
+    if progress and sys.stderr.isatty():
+        spinner = _Spinner("booting the Debian-kernel guest", lambda: bool(boot_done))
+        spinner.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        t.join(5)
+        raise VMError(f"guest did not finish within {timeout:.0f} s (killed); console tail:\n{''.join(console[-30:])}")
+    finally:
+        if spinner:
+            spinner.stop()
+    t.join(5)
+    total = time.monotonic() - start
+    status_file = results / "exit-status"
+    if status_file.exists():
+        rc = int(status_file.read_text().strip() or BOOT_FAILED)
+    elif marker_status:
+        rc = marker_status[-1]
+    else:
+        raise VMError(
+            f"guest exited (qemu status {proc.returncode}) without reporting a status; console tail:\n"
+            + "".join(console[-40:])
+        )
+    result = GuestResult(rc, results, "".join(console), boot_done[0] if boot_done else total, total)
+    if not keep_results:
+        initrd.unlink(missing_ok=True)
+    return result
+
+
+class _Spinner(threading.Thread):
+    def __init__(self, text: str, booted) -> None:
+        super().__init__(daemon=True)
+        self.text, self.booted, self._stop = text, booted, threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        frames = "|/-\\"
+        i = 0
+        while not self._stop.wait(0.2):
+            if self.booted():
+                break
+            sys.stderr.write(f"\r{frames[i % 4]} {self.text} ({time.monotonic() - start:4.1f} s)")
+            sys.stderr.flush()
+            i += 1
+        sys.stderr.write("\r" + " " * 60 + "\r")
+        sys.stderr.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipexctl.testing.vm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cwd", default=os.getcwd())
+    p.add_argument("--memory", type=int, default=2048, help="guest memory in MiB")
+    p.add_argument("--cpus", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=1500.0)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not cmd:
+        p.error("no command given")
+    try:
+        r = run_in_guest(cmd, cwd=a.cwd, memory_mb=a.memory, cpus=a.cpus, timeout=a.timeout, progress=True)
+    except VMError as e:
+        print(f"pipexctl-vm: {e}", file=sys.stderr)
+        return BOOT_FAILED
+    print(f"pipexctl-vm: guest exit status {r.returncode} ({r.total_seconds:.1f} s)", file=sys.stderr)
+    shutil.rmtree(r.results_dir, ignore_errors=True)
+    return r.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

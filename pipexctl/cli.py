@@ -25,8 +25,9 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 class AppContext:
     """What commands share; tests pass one with a NullBackend via ``obj=``."""
 
-    def __init__(self, backend_factory: Optional[Callable[[], KernelBackend]] = None) -> None:
+    def __init__(self, backend_factory: Optional[Callable[[], KernelBackend]] = None, netns: Optional[str] = None) -> None:
         self._factory = backend_factory
+        self.netns = netns
         self._orch: Optional[Orchestrator] = None
 
     @property
@@ -35,7 +36,7 @@ class AppContext:
             if self._factory is None:
                 from .kernel.backend import NetlinkBackend
 
-                self._factory = NetlinkBackend
+                self._factory = lambda: NetlinkBackend(netns=self.netns)
             self._orch = Orchestrator(self._factory())
         return self._orch
 
@@ -89,8 +90,9 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 @click.group(context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "-V", "--version", prog_name="pipexctl")
+@click.option("-n", "--netns", metavar="NAME", help="Work in network namespace NAME (as `ip -n NAME`).")
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(ctx: click.Context, netns: Optional[str]) -> None:
     """Offload L2TP/PPP sessions to the Linux kernel.
 
     \b
@@ -101,7 +103,9 @@ def cli(ctx: click.Context) -> None:
       pipexctl showsess --json
     """
     if ctx.obj is None:
-        ctx.obj = AppContext()
+        ctx.obj = AppContext(netns=netns)
+    elif netns is not None:
+        ctx.obj.netns = netns
     ctx.call_on_close(ctx.obj.close)
 
 
@@ -260,7 +264,7 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
             l2tp_version, pw, ifname, cookie, peer_cookie, l2spec, seq, lns_mode, udp_csum, fd_to, as_json) -> None:
     """Create a kernel session (and its tunnel when missing).
 
-    Two forms.  The OpenBSD pipexctl order (an L2TPv2 PPP session):
+    Two forms, see the examples.  The OpenBSD pipexctl order (an L2TPv2 PPP session):
 
     \b
       pipexctl addsess l2tp SESS-ID PEER-SESS-ID SRC-ADDR FRAMED-ADDR FRAMED-NETMASK \\
@@ -270,7 +274,7 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
     SRC-ADDR, FRAMED-ADDR and FRAMED-NETMASK are checked and passed on with the
     fd (--fd-to); on Linux pppd negotiates the PPP addresses itself.
 
-    The long form, e.g. a standalone L2TPv3 Ethernet pseudowire:
+    Example of the long form, a standalone L2TPv3 Ethernet pseudowire:
 
     \b
       pipexctl addsess l2tp --version 3 --pw eth --encap udp --tunnel-id 100 \\

@@ -63,7 +63,8 @@ def from_errno(code: int, what: str, action: str) -> PipexError:
     code = abs(code)
     if code == _errno.EEXIST:
         return AlreadyExistsError(f"{what} already exists", errno=code)
-    if code == _errno.ENOENT:
+    if code in (_errno.ENOENT, _errno.ENODEV):
+        # the l2tp family answers ENODEV for an unknown tunnel or session
         return NotFoundError(f"cannot {action} {what}: it does not exist", errno=code)
     if code in (_errno.EPERM, _errno.EACCES):
         return PermissionDeniedError(

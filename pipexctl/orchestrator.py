@@ -90,7 +90,13 @@ class Orchestrator:
                 )
             kt, created = self.ensure_tunnel(tunnel)
         else:
-            kt = self.backend.tunnel_get(session.tunnel_id)
+            try:
+                kt = self.backend.tunnel_get(session.tunnel_id)
+            except errors.NotFoundError:
+                raise errors.NotFoundError(
+                    f"cannot create {session.describe()}: tunnel {session.tunnel_id} does not exist "
+                    "(create it, or give --peer-tunnel-id, --local and --remote)"
+                ) from None
         try:
             if kt.version != session.version:
                 # re-validate the ids for the tunnel's real version

@@ -41,12 +41,28 @@ class KernelBackend(Protocol):
 
 
 class NetlinkBackend:
-    """The real kernel, through the "l2tp" generic-netlink family."""
+    """The real kernel, through the "l2tp" generic-netlink family.
 
-    def __init__(self) -> None:
+    ``netns``: the name of a network namespace (as ``ip netns``) to work in;
+    every socket the backend opens -- netlink and PPPoL2TP -- is opened
+    there, because the kernel looks tunnels up in the socket's namespace.
+    """
+
+    def __init__(self, netns: Optional[str] = None) -> None:
         from .netlink import L2tpNetlink
 
-        self.nl = L2tpNetlink()
+        self.netns = netns
+        with self._in_ns():
+            self.nl = L2tpNetlink()
+
+    def _in_ns(self):
+        import contextlib
+
+        if self.netns is None:
+            return contextlib.nullcontext()
+        from .. import netns as _netns
+
+        return _netns.enter(self.netns)
 
     def __getattr__(self, name):
         # tunnel_* and session_* go straight to the netlink socket
@@ -57,7 +73,8 @@ class NetlinkBackend:
     def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
         from .pppol2tp import PPPoL2TPSocket
 
-        s = PPPoL2TPSocket()
+        with self._in_ns():
+            s = PPPoL2TPSocket()
         try:
             s.connect(
                 version=tunnel.version,
@@ -73,7 +90,9 @@ class NetlinkBackend:
         return s
 
     def close(self) -> None:
-        self.nl.close()
+        if self.nl is not None:
+            self.nl.close()
+            self.nl = None
 
 
 class _NullChannel:
@@ -126,13 +145,13 @@ class NullBackend:
     def tunnel_delete(self, tunnel_id: int) -> None:
         self._maybe_fail("tunnel_delete", f"tunnel {tunnel_id}", "delete")
         if self._tunnels.pop(tunnel_id, None) is None:
-            raise errors.from_errno(errno.ENOENT, f"tunnel {tunnel_id}", "delete")
+            raise errors.from_errno(errno.ENODEV, f"tunnel {tunnel_id}", "delete")
         for key in [k for k in self._sessions if k[0] == tunnel_id]:
             del self._sessions[key]
 
     def tunnel_get(self, tunnel_id: int) -> Tunnel:
         if tunnel_id not in self._tunnels:
-            raise errors.from_errno(errno.ENOENT, f"tunnel {tunnel_id}", "get")
+            raise errors.from_errno(errno.ENODEV, f"tunnel {tunnel_id}", "get")
         return self._tunnels[tunnel_id]
 
     def tunnel_dump(self) -> list[Tunnel]:
@@ -141,7 +160,7 @@ class NullBackend:
     def session_create(self, spec: SessionSpec) -> None:
         self._maybe_fail("session_create", spec.describe(), "create")
         if spec.tunnel_id not in self._tunnels:
-            raise errors.from_errno(errno.ENOENT, f"tunnel {spec.tunnel_id}", "create a session in")
+            raise errors.from_errno(errno.ENODEV, f"tunnel {spec.tunnel_id}", "create a session in")
         if (spec.tunnel_id, spec.session_id) in self._sessions:
             raise errors.from_errno(errno.EEXIST, spec.describe(), "create")
         self._sessions[(spec.tunnel_id, spec.session_id)] = Session(
@@ -160,7 +179,7 @@ class NullBackend:
         what = f"session {session_id} in tunnel {tunnel_id}"
         self._maybe_fail("session_delete", what, "delete")
         if self._sessions.pop((tunnel_id, session_id), None) is None:
-            raise errors.from_errno(errno.ENOENT, what, "delete")
+            raise errors.from_errno(errno.ENODEV, what, "delete")
 
     def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None:
         s = self.session_get(tunnel_id, session_id)
@@ -168,7 +187,7 @@ class NullBackend:
 
     def session_get(self, tunnel_id: int, session_id: int) -> Session:
         if (tunnel_id, session_id) not in self._sessions:
-            raise errors.from_errno(errno.ENOENT, f"session {session_id} in tunnel {tunnel_id}", "get")
+            raise errors.from_errno(errno.ENODEV, f"session {session_id} in tunnel {tunnel_id}", "get")
         return self._sessions[(tunnel_id, session_id)]
 
     def session_dump(self) -> list[Session]:

@@ -344,7 +344,18 @@ class L2tpNetlink:
 
     # sessions
     def session_create(self, spec: SessionSpec) -> None:
-        self._request(build_session_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
+        try:
+            self._request(build_session_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
+        except errors.AlreadyExistsError:
+            # EEXIST also means "interface name taken" for eth pseudowires
+            if spec.ifname:
+                try:
+                    self.session_get(spec.tunnel_id, spec.session_id)
+                except errors.NotFoundError:
+                    raise errors.ConflictError(
+                        f"cannot create {spec.describe()}: interface {spec.ifname} already exists", errno=errno.EEXIST
+                    ) from None
+            raise
 
     def session_delete(self, tunnel_id: int, session_id: int) -> None:
         self._request(

@@ -1,0 +1,172 @@
+"""Test-session plumbing: kernel tests run in the Debian-kernel guest.
+
+Tests marked ``kernel`` need the real L2TP/PPP kernel.  Where this host has
+it (root, genl family "l2tp" resolvable) they run here.  Otherwise all of
+them run inside ONE boot of the QEMU guest (pipexctl.testing.vm), and each
+host-side test item reports its guest result: passed, or failed with the
+guest's traceback.  A test skipped inside the guest counts as a failure
+(kernel tests must not skip), and if the guest cannot boot every kernel test
+fails with the reason.  Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GUEST_REPORT = os.environ.get("PIPEXCTL_GUEST_REPORT")
+
+
+def _host_kernel_reason() -> str | None:
+    """None when this host can run kernel tests itself, else why not."""
+    if os.environ.get("PIPEXCTL_IN_GUEST") == "1":
+        return None
+    if os.geteuid() != 0:
+        return "not running as root"
+    try:
+        from pipexctl.kernel.netlink import L2tpNetlink
+
+        with L2tpNetlink():
+            pass
+    except Exception as e:  # noqa: BLE001 - any failure means "not here"
+        return str(e)
+    return None
+
+
+class GuestRun:
+    def __init__(self, config, nodeids: list[str], why_not_host: str) -> None:
+        self.config, self.nodeids, self.why = config, nodeids, why_not_host
+        self.results: dict[str, dict] | None = None
+        self.error: str | None = None
+        self.console_tail = ""
+
+    def _say(self, text: str) -> None:
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        cap = self.config.pluginmanager.get_plugin("capturemanager")
+        if tr is None:
+            return
+        if cap is not None:
+            with cap.global_and_fixture_disabled():
+                tr.write_line(text)
+        else:
+            tr.write_line(text)
+
+    def get(self) -> dict[str, dict]:
+        if self.results is not None or self.error is not None:
+            return self.results or {}
+        from pipexctl.testing.vm import VMError, run_in_guest
+
+        self._say(f"\n[kernel tests] host kernel cannot run them ({self.why}); "
+                  f"booting the Debian-kernel guest once for {len(self.nodeids)} tests ...")
+        args = ROOT / ".pytest-guest-args"
+        start = time.monotonic()
+        try:
+            with open(args, "w") as f:
+                f.write("\n".join(self.nodeids) + "\n")
+            verbose = ["-v"] if self.config.option.verbose > 0 else ["-q"]
+            budget = int(float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "1500"))) - 60
+            cmd = ["timeout", "-k", "10", str(budget), sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "kernel",
+                   "--rootdir", str(ROOT), *verbose, f"@{args}"]
+            import contextlib
+
+            cap = self.config.pluginmanager.get_plugin("capturemanager")
+            echo = self.config.option.verbose > 0
+            # with -v the guest's own pytest output streams to the terminal
+            with (cap.global_and_fixture_disabled() if cap and echo else contextlib.nullcontext()):
+                r = run_in_guest(
+                    f"PIPEXCTL_GUEST_REPORT=$PIPEXCTL_RESULTS/report.jsonl {shlex.join(cmd)}",
+                    cwd=str(ROOT),
+                    echo=echo,
+                    timeout=float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "1500")),
+                )
+        except VMError as e:
+            self.error = f"kernel tests cannot run: the host lacks L2TP ({self.why}) and the guest failed: {e}"
+            return {}
+        finally:
+            args.unlink(missing_ok=True)
+        self.console_tail = "".join(r.console.splitlines(True)[-60:])
+        self.results = {}
+        report = r.results_dir / "report.jsonl"
+        if report.exists():
+            for line in report.read_text().splitlines():
+                rec = json.loads(line)
+                prev = self.results.get(rec["nodeid"])
+                # keep the worst phase: a failed setup/teardown fails the test
+                if prev is None or rec["outcome"] != "passed" and prev["outcome"] == "passed":
+                    self.results[rec["nodeid"]] = rec
+        self._say(f"[kernel tests] guest finished in {time.monotonic() - start:.0f} s "
+                  f"(guest pytest exit status {r.returncode}, {len(self.results)} results)")
+        import shutil
+
+        shutil.rmtree(r.results_dir, ignore_errors=True)
+        return self.results
+
+
+class GuestFailure(Exception):
+    pass
+
+
+class GuestItem(pytest.Item):
+    """Stands for one kernel test that runs in the guest."""
+
+    def __init__(self, *, guest: GuestRun, target_nodeid: str, **kw) -> None:
+        super().__init__(**kw)
+        self.guest, self.target_nodeid = guest, target_nodeid
+
+    def runtest(self) -> None:
+        results = self.guest.get()
+        if self.guest.error:
+            raise GuestFailure(self.guest.error)
+        rec = results.get(self.target_nodeid)
+        if rec is None:
+            raise GuestFailure(f"{self.target_nodeid} did not run in the guest; console tail:\n{self.guest.console_tail}")
+        if rec["outcome"] == "skipped":
+            raise GuestFailure(f"skipped inside the guest ({rec['longrepr']}): kernel tests must not skip")
+        if rec["outcome"] != "passed":
+            raise GuestFailure(f"failed inside the guest ({rec['when']}):\n{rec['longrepr']}")
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, GuestFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"[guest] {self.target_nodeid}"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if GUEST_REPORT:
+        return
+    kernel = [i for i in items if i.get_closest_marker("kernel")]
+    if not kernel:
+        return
+    why = _host_kernel_reason()
+    if why is None:
+        return
+    guest = GuestRun(config, [i.nodeid for i in kernel], why)
+    for idx, item in enumerate(items):
+        if item.get_closest_marker("kernel"):
+            new = GuestItem.from_parent(item.parent, name=item.name, guest=guest, target_nodeid=item.nodeid)
+            new.add_marker(pytest.mark.kernel)
+            items[idx] = new
+
+
+def pytest_runtest_logreport(report):
+    if not GUEST_REPORT:
+        return
+    if report.when == "call" or report.outcome != "passed":
+        with open(GUEST_REPORT, "a") as f:
+            f.write(json.dumps({
+                "nodeid": report.nodeid,
+                "when": report.when,
+                "outcome": report.outcome,
+                "longrepr": str(report.longrepr) if report.longrepr else "",
+                "duration": report.duration,
+            }) + "\n")

@@ -1,0 +1,88 @@
+"""Fixtures for tests against the real kernel (inside the guest).
+
+Every test gets its own pair of network namespaces joined by a veth and
+removes them afterwards.  Kernel state is checked with iproute2 (`ip l2tp
+show`, `ip -s link`), never only with pipexctl itself.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from pipexctl.kernel.backend import NetlinkBackend
+from pipexctl.orchestrator import Orchestrator
+from pipexctl import netns
+
+
+@pytest.fixture
+def pair():
+    p = netns.Pair().up()
+    try:
+        yield p
+    finally:
+        p.down()
+
+
+class NsOrch:
+    """An Orchestrator whose netlink socket lives in namespace ``ns``."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+        self.backend = NetlinkBackend(netns=ns)
+        self.orch = Orchestrator(self.backend)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+@pytest.fixture
+def orch_in():
+    made: list[NsOrch] = []
+
+    def make(ns: str) -> Orchestrator:
+        o = NsOrch(ns)
+        made.append(o)
+        return o.orch
+
+    yield make
+    for o in made:
+        o.close()
+
+
+def ip_l2tp(ns: str, what: str) -> list[dict]:
+    """Parse `ip l2tp show tunnel|session` (iproute2 has no JSON for it)."""
+    out = subprocess.run(["ip", "-n", ns, "l2tp", "show", what], capture_output=True, text=True, check=True).stdout
+    items: list[dict] = []
+    for line in out.splitlines():
+        m = re.match(r"Tunnel (\d+), encap (\w+)", line)
+        if m:
+            items.append({"tunnel_id": int(m[1]), "encap": m[2]})
+            continue
+        m = re.match(r"Session (\d+) in tunnel (\d+)", line)
+        if m:
+            items.append({"session_id": int(m[1]), "tunnel_id": int(m[2])})
+            continue
+        cur = items[-1] if items else {}
+        if m := re.match(r"\s+From (\S+) to (\S+)", line):
+            cur["local"], cur["remote"] = m[1], m[2]
+        elif m := re.match(r"\s+Peer tunnel (\d+)", line):
+            cur["peer_tunnel_id"] = int(m[1])
+        elif m := re.match(r"\s+UDP source / dest ports: (\d+)/(\d+)", line):
+            cur["sport"], cur["dport"] = int(m[1]), int(m[2])
+        elif m := re.match(r"\s+Peer session (\d+), tunnel (\d+)", line):
+            cur["peer_session_id"], cur["peer_tunnel_id"] = int(m[1]), int(m[2])
+        elif m := re.match(r"\s+interface name: (\S+)", line):
+            cur["ifname"] = m[1]
+    return items
+
+
+def link_stats(ns: str, dev: str) -> dict:
+    import json
+
+    out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", dev], capture_output=True, text=True, check=True).stdout
+    st = json.loads(out)[0]["stats64"]
+    return {"rx_packets": st["rx"]["packets"], "tx_packets": st["tx"]["packets"],
+            "rx_bytes": st["rx"]["bytes"], "tx_bytes": st["tx"]["bytes"]}

@@ -1,0 +1,154 @@
+"""L2TPv2 PPP: managed tunnel on a connected UDP socket, PPP session,
+PPPoL2TP socket, PPP channel -- and data through pppN without pppd."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from pipexctl.cli import AppContext, cli
+from pipexctl.kernel import uapi
+from pipexctl.kernel.backend import NetlinkBackend
+from pipexctl.kernel.pppol2tp import PPPoL2TPSocket, udp_socket
+from pipexctl.model import PwType, SessionSpec, TunnelSpec
+from pipexctl import netns
+
+from .conftest import ip_l2tp
+
+pytestmark = pytest.mark.kernel
+
+
+def _wait_gone(ns, what, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if ip_l2tp(ns, what) == []:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _side(orch, ns, local, remote, tid, ptid, sid, psid):
+    """Managed v2 tunnel + PPP session + connected PPPoL2TP socket in ``ns``."""
+    with netns.enter(ns):
+        udp = udp_socket((local, 1701), (remote, 1701))
+    orch.add_tunnel(TunnelSpec(tunnel_id=tid, peer_tunnel_id=ptid, version=2, fd=udp.fileno()))
+    r = orch.add_session(SessionSpec(tunnel_id=tid, session_id=sid, peer_session_id=psid, version=2, pw_type=PwType.ppp))
+    assert not r.tunnel_created
+    ch = orch.backend.ppp_connect(r.tunnel, r.session)
+    return udp, ch
+
+
+def _ppp_unit(channel_index: int) -> tuple[int, int, int]:
+    """What pppd does with a channel: a pppN unit connected to it, IP passing."""
+    unit_fd = os.open("/dev/ppp", os.O_RDWR)
+    unit = struct.unpack("i", fcntl.ioctl(unit_fd, uapi.PPPIOCNEWUNIT, struct.pack("i", -1)))[0]
+    chan_fd = os.open("/dev/ppp", os.O_RDWR)
+    fcntl.ioctl(chan_fd, uapi.PPPIOCATTCHAN, struct.pack("i", channel_index))
+    fcntl.ioctl(chan_fd, uapi.PPPIOCCONNECT, struct.pack("i", unit))
+    fcntl.ioctl(unit_fd, uapi.PPPIOCSNPMODE, struct.pack("ii", uapi.PPP_IP, uapi.NPMODE_PASS))
+    return unit, unit_fd, chan_fd
+
+
+def test_managed_v2_tunnel_ppp_session_channel_and_data(pair, orch_in):
+    oa, ob = orch_in(pair.a), orch_in(pair.b)
+    udp_a, ch_a = _side(oa, pair.a, pair.A4, pair.B4, 11, 22, 5, 6)
+    udp_b, ch_b = _side(ob, pair.b, pair.B4, pair.A4, 22, 11, 6, 5)
+
+    tun = ip_l2tp(pair.a, "tunnel")
+    assert len(tun) == 1 and tun[0]["tunnel_id"] == 11 and tun[0]["peer_tunnel_id"] == 22
+    assert (tun[0]["local"], tun[0]["remote"], tun[0]["sport"], tun[0]["dport"]) == (pair.A4, pair.B4, 1701, 1701)
+    sess = ip_l2tp(pair.a, "session")
+    assert sess == [{"session_id": 5, "tunnel_id": 11, "peer_session_id": 6, "peer_tunnel_id": 22}]
+
+    chan_a, chan_b = ch_a.channel(), ch_b.channel()
+    assert chan_a >= 0 and chan_b >= 0
+    st = ch_a.stats()
+    assert st.tx_packets == 0 and st.rx_packets == 0
+
+    # Data: pppN on both sides over the kernel channels, no pppd involved.
+    fds = []
+    with netns.enter(pair.a):
+        unit_a, *f = _ppp_unit(chan_a)
+        fds += f
+    with netns.enter(pair.b):
+        unit_b, *f = _ppp_unit(chan_b)
+        fds += f
+    try:
+        for ns, unit, me, peer in ((pair.a, unit_a, "10.99.1.1", "10.99.1.2"), (pair.b, unit_b, "10.99.1.2", "10.99.1.1")):
+            subprocess.run(["ip", "-n", ns, "addr", "add", me, "peer", peer, "dev", f"ppp{unit}"], check=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", f"ppp{unit}", "up"], check=True)
+        r = subprocess.run(["ip", "netns", "exec", pair.a, "ping", "-c", "4", "-i", "0.2", "-W", "2", "10.99.1.2"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        st = ch_a.stats()  # PPPIOCGL2TPSTATS
+        assert st.tx_packets >= 4 and st.rx_packets >= 4
+        nl = oa.session(11, 5).stats  # netlink SESSION_GET agrees
+        assert nl.tx_packets >= st.tx_packets and nl.rx_packets >= st.rx_packets
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+    # Closing the PPPoL2TP socket deletes the session (kernel rule) ...
+    ch_a.close()
+    assert _wait_gone(pair.a, "session")
+    assert [t["tunnel_id"] for t in ip_l2tp(pair.a, "tunnel")] == [11]
+    # ... and closing the tunnel's UDP socket deletes the tunnel.
+    udp_a.close()
+    assert _wait_gone(pair.a, "tunnel")
+    ch_b.close()
+    udp_b.close()
+    assert _wait_gone(pair.b, "tunnel") and ip_l2tp(pair.b, "session") == []
+
+
+def test_openbsd_order_with_fd_handoff(pair, tmp_path):
+    """`pipexctl addsess l2tp <OpenBSD order> --fd-to SOCK`: the receiver owns the session."""
+    path = str(tmp_path / "consumer.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    got = {}
+
+    def consumer():
+        conn, _ = srv.accept()
+        msg, fds, _, _ = socket.recv_fds(conn, 4096, 1)
+        got["meta"], got["fd"] = json.loads(msg), fds[0]
+        conn.close()
+
+    srv.settimeout(60)
+    t = threading.Thread(target=consumer, daemon=True)
+    t.start()
+    backend = NetlinkBackend(netns=pair.a)
+    try:
+        r = CliRunner().invoke(
+            cli,
+            ["addsess", "l2tp", "10", "20", pair.A4, "10.99.1.2", "255.255.255.255",
+             f"{pair.A4}:1701", f"{pair.B4}:1701", "300", "400", "--fd-to", path],
+            obj=AppContext(lambda: backend),
+        )
+    finally:
+        t.join(10)
+        srv.close()
+    assert r.exit_code == 0, r.output
+    assert "tunnel 300 created" in r.output and "PPP channel" in r.output
+    meta, fd = got["meta"], got["fd"]
+    assert meta["tunnel_id"] == 300 and meta["session_id"] == 10 and meta["peer_session_id"] == 20
+    assert meta["framed_addr"] == "10.99.1.2" and meta["version"] == 2
+    # the CLI is done and closed its copy; the session lives because we hold the fd
+    assert ip_l2tp(pair.a, "session") == [{"session_id": 10, "tunnel_id": 300, "peer_session_id": 20, "peer_tunnel_id": 400}]
+    assert os.fstat(fd).st_mode  # a real fd
+    chan = struct.unpack("i", fcntl.ioctl(fd, uapi.PPPIOCGCHAN, struct.pack("i", 0)))[0]
+    assert chan == meta["channel"]
+    os.close(fd)
+    assert _wait_gone(pair.a, "session")
+    backend.close()
+    r = subprocess.run(["ip", "netns", "exec", pair.a, "ip", "l2tp", "del", "tunnel", "tunnel_id", "300"], capture_output=True)
+    assert r.returncode == 0

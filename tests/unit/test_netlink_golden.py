@@ -1,0 +1,177 @@
+"""Every request builder against an independent encoder (golden bytes).
+
+The expected bytes are packed here with ``struct`` straight from the
+attribute table of linux/l2tp.h, not with pyroute2, so a wrong attribute
+type, size, order or padding in ``pipexctl.kernel.netlink`` fails.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+
+import pytest
+
+from pipexctl.kernel import netlink as nl
+from pipexctl.kernel import uapi
+from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
+
+FAMILY, FLAGS, SEQ, PID = 0x1D, 0x5, 7, 4242
+
+
+def attr(atype: int, payload: bytes) -> bytes:
+    raw = struct.pack("=HH", 4 + len(payload), atype) + payload
+    return raw + b"\0" * ((4 - len(raw) % 4) % 4)
+
+
+u8 = lambda v: struct.pack("=B", v)  # noqa: E731
+u16 = lambda v: struct.pack("=H", v)  # noqa: E731
+u32 = lambda v: struct.pack("=I", v)  # noqa: E731
+u64 = lambda v: struct.pack("=Q", v)  # noqa: E731
+ip4 = lambda s: ipaddress.IPv4Address(s).packed  # noqa: E731
+ip6 = lambda s: ipaddress.IPv6Address(s).packed  # noqa: E731
+
+
+def golden(cmd: int, *attrs: bytes) -> bytes:
+    body = struct.pack("=BBH", cmd, uapi.L2TP_GENL_VERSION, 0) + b"".join(attrs)
+    return struct.pack("=IHHII", 16 + len(body), FAMILY, FLAGS, SEQ, PID) + body
+
+
+def encoded(msg) -> bytes:
+    msg["header"]["type"] = FAMILY
+    msg["header"]["flags"] = FLAGS
+    msg["header"]["sequence_number"] = SEQ
+    msg["header"]["pid"] = PID
+    msg.encode()
+    return bytes(msg.data)
+
+
+A = uapi
+
+
+def test_tunnel_create_unmanaged_udp4():
+    spec = TunnelSpec(tunnel_id=100, peer_tunnel_id=200, local=Endpoint.parse("10.98.0.1:5000"),
+                      remote=Endpoint.parse("10.98.0.2:5001"), udp_csum=True)
+    assert encoded(nl.build_tunnel_create(spec)) == golden(
+        A.L2TP_CMD_TUNNEL_CREATE,
+        attr(A.L2TP_ATTR_CONN_ID, u32(100)), attr(A.L2TP_ATTR_PEER_CONN_ID, u32(200)),
+        attr(A.L2TP_ATTR_PROTO_VERSION, u8(3)), attr(A.L2TP_ATTR_ENCAP_TYPE, u16(A.L2TP_ENCAPTYPE_UDP)),
+        attr(A.L2TP_ATTR_IP_SADDR, ip4("10.98.0.1")), attr(A.L2TP_ATTR_IP_DADDR, ip4("10.98.0.2")),
+        attr(A.L2TP_ATTR_UDP_SPORT, u16(5000)), attr(A.L2TP_ATTR_UDP_DPORT, u16(5001)),
+        attr(A.L2TP_ATTR_UDP_CSUM, u8(1)),
+    )
+
+
+def test_tunnel_create_unmanaged_udp6_zero_csum_flags_not_swapped():
+    spec = TunnelSpec(tunnel_id=1, peer_tunnel_id=2, local=Endpoint.parse("[fd00::1]:1"),
+                      remote=Endpoint.parse("[fd00::2]:2"), udp6_zero_csum_tx=True)
+    assert encoded(nl.build_tunnel_create(spec)) == golden(
+        A.L2TP_CMD_TUNNEL_CREATE,
+        attr(A.L2TP_ATTR_CONN_ID, u32(1)), attr(A.L2TP_ATTR_PEER_CONN_ID, u32(2)),
+        attr(A.L2TP_ATTR_PROTO_VERSION, u8(3)), attr(A.L2TP_ATTR_ENCAP_TYPE, u16(0)),
+        attr(A.L2TP_ATTR_IP6_SADDR, ip6("fd00::1")), attr(A.L2TP_ATTR_IP6_DADDR, ip6("fd00::2")),
+        attr(A.L2TP_ATTR_UDP_SPORT, u16(1)), attr(A.L2TP_ATTR_UDP_DPORT, u16(2)),
+        attr(A.L2TP_ATTR_UDP_ZERO_CSUM6_TX, b""),
+    )
+
+
+def test_tunnel_create_ip_encap_has_no_ports():
+    spec = TunnelSpec(tunnel_id=5, peer_tunnel_id=6, encap=Encap.ip, local=Endpoint.parse("10.0.0.1"),
+                      remote=Endpoint.parse("10.0.0.2"))
+    assert encoded(nl.build_tunnel_create(spec)) == golden(
+        A.L2TP_CMD_TUNNEL_CREATE,
+        attr(A.L2TP_ATTR_CONN_ID, u32(5)), attr(A.L2TP_ATTR_PEER_CONN_ID, u32(6)),
+        attr(A.L2TP_ATTR_PROTO_VERSION, u8(3)), attr(A.L2TP_ATTR_ENCAP_TYPE, u16(A.L2TP_ENCAPTYPE_IP)),
+        attr(A.L2TP_ATTR_IP_SADDR, ip4("10.0.0.1")), attr(A.L2TP_ATTR_IP_DADDR, ip4("10.0.0.2")),
+    )
+
+
+@pytest.mark.parametrize("fd", [0, 9])
+def test_tunnel_create_managed_fd_without_addresses(fd):
+    """pyroute2's L2tp drops fd 0 and demands addresses; we send FD alone."""
+    spec = TunnelSpec(tunnel_id=11, peer_tunnel_id=22, version=2, fd=fd)
+    assert encoded(nl.build_tunnel_create(spec)) == golden(
+        A.L2TP_CMD_TUNNEL_CREATE,
+        attr(A.L2TP_ATTR_CONN_ID, u32(11)), attr(A.L2TP_ATTR_PEER_CONN_ID, u32(22)),
+        attr(A.L2TP_ATTR_PROTO_VERSION, u8(2)), attr(A.L2TP_ATTR_ENCAP_TYPE, u16(0)),
+        attr(A.L2TP_ATTR_FD, u32(fd)),
+    )
+
+
+def test_tunnel_delete_modify_get():
+    assert encoded(nl.build_tunnel_delete(7)) == golden(A.L2TP_CMD_TUNNEL_DELETE, attr(A.L2TP_ATTR_CONN_ID, u32(7)))
+    assert encoded(nl.build_tunnel_modify(7, debug=A.L2TP_MSG_DATA)) == golden(
+        A.L2TP_CMD_TUNNEL_MODIFY, attr(A.L2TP_ATTR_CONN_ID, u32(7)), attr(A.L2TP_ATTR_DEBUG, u32(8)))
+    assert encoded(nl.build_tunnel_get(7)) == golden(A.L2TP_CMD_TUNNEL_GET, attr(A.L2TP_ATTR_CONN_ID, u32(7)))
+    assert encoded(nl.build_tunnel_get()) == golden(A.L2TP_CMD_TUNNEL_GET)
+
+
+def test_session_create_eth_with_everything():
+    spec = SessionSpec(tunnel_id=100, session_id=10, peer_session_id=20, pw_type=PwType.eth, ifname="pw0",
+                       l2spec_type=1, cookie="0102030405060708", peer_cookie="a1a2a3a4", recv_seq=True,
+                       send_seq=True, recv_timeout_ms=300, mtu=1400)
+    assert encoded(nl.build_session_create(spec)) == golden(
+        A.L2TP_CMD_SESSION_CREATE,
+        attr(A.L2TP_ATTR_CONN_ID, u32(100)), attr(A.L2TP_ATTR_SESSION_ID, u32(10)),
+        attr(A.L2TP_ATTR_PEER_SESSION_ID, u32(20)), attr(A.L2TP_ATTR_PW_TYPE, u16(A.L2TP_PWTYPE_ETH)),
+        attr(A.L2TP_ATTR_IFNAME, b"pw0\0"), attr(A.L2TP_ATTR_L2SPEC_TYPE, u8(1)),
+        attr(A.L2TP_ATTR_COOKIE, bytes(range(1, 9))), attr(A.L2TP_ATTR_PEER_COOKIE, bytes.fromhex("a1a2a3a4")),
+        attr(A.L2TP_ATTR_RECV_SEQ, u8(1)), attr(A.L2TP_ATTR_SEND_SEQ, u8(1)),
+        attr(A.L2TP_ATTR_RECV_TIMEOUT, u64(300)), attr(A.L2TP_ATTR_MTU, u16(1400)),
+    )
+
+
+def test_session_create_ppp_lns():
+    spec = SessionSpec(tunnel_id=3, session_id=4, peer_session_id=5, version=2, pw_type=PwType.ppp, lns_mode=True)
+    assert encoded(nl.build_session_create(spec)) == golden(
+        A.L2TP_CMD_SESSION_CREATE,
+        attr(A.L2TP_ATTR_CONN_ID, u32(3)), attr(A.L2TP_ATTR_SESSION_ID, u32(4)),
+        attr(A.L2TP_ATTR_PEER_SESSION_ID, u32(5)), attr(A.L2TP_ATTR_PW_TYPE, u16(A.L2TP_PWTYPE_PPP)),
+        attr(A.L2TP_ATTR_LNS_MODE, u8(1)),
+    )
+
+
+def test_session_delete_modify_get():
+    assert encoded(nl.build_session_delete(3, 4)) == golden(
+        A.L2TP_CMD_SESSION_DELETE, attr(A.L2TP_ATTR_CONN_ID, u32(3)), attr(A.L2TP_ATTR_SESSION_ID, u32(4)))
+    assert encoded(nl.build_session_modify(3, 4, send_seq=False, lns_mode=True)) == golden(
+        A.L2TP_CMD_SESSION_MODIFY, attr(A.L2TP_ATTR_CONN_ID, u32(3)), attr(A.L2TP_ATTR_SESSION_ID, u32(4)),
+        attr(A.L2TP_ATTR_SEND_SEQ, u8(0)), attr(A.L2TP_ATTR_LNS_MODE, u8(1)))
+    assert encoded(nl.build_session_get(3, 4)) == golden(
+        A.L2TP_CMD_SESSION_GET, attr(A.L2TP_ATTR_CONN_ID, u32(3)), attr(A.L2TP_ATTR_SESSION_ID, u32(4)))
+    assert encoded(nl.build_session_get()) == golden(A.L2TP_CMD_SESSION_GET)
+
+
+def test_reply_decoding_includes_new_stats_counters():
+    """A SESSION_GET reply as the kernel sends it, with RX_COOKIE_DISCARDS/RX_INVALID."""
+    stats = b"".join(attr(i, u64(i * 10)) for i in (1, 2, 3, 4, 5, 6, 7, 8, 10, 11))
+    raw = golden(
+        A.L2TP_CMD_SESSION_GET,
+        attr(A.L2TP_ATTR_CONN_ID, u32(100)), attr(A.L2TP_ATTR_PEER_CONN_ID, u32(200)),
+        attr(A.L2TP_ATTR_SESSION_ID, u32(10)), attr(A.L2TP_ATTR_PEER_SESSION_ID, u32(20)),
+        attr(A.L2TP_ATTR_PW_TYPE, u16(A.L2TP_PWTYPE_ETH)), attr(A.L2TP_ATTR_IFNAME, b"pw0\0"),
+        attr(A.L2TP_ATTR_SEND_SEQ, u8(1)), attr(A.L2TP_ATTR_STATS | 0x8000, stats),
+    )
+    msg = nl.l2tpmsg(raw)
+    msg.decode()
+    s = nl.parse_session(msg)
+    assert (s.tunnel_id, s.session_id, s.peer_session_id, s.peer_tunnel_id, s.ifname) == (100, 10, 20, 200, "pw0")
+    assert s.pw_type is PwType.eth and s.send_seq and not s.recv_seq
+    assert s.stats.tx_packets == 10 and s.stats.rx_errors == 80
+    assert s.stats.rx_cookie_discards == 100 and s.stats.rx_invalid == 110
+
+
+def test_tunnel_reply_decoding():
+    raw = golden(
+        A.L2TP_CMD_TUNNEL_GET,
+        attr(A.L2TP_ATTR_CONN_ID, u32(100)), attr(A.L2TP_ATTR_PEER_CONN_ID, u32(200)),
+        attr(A.L2TP_ATTR_PROTO_VERSION, u8(3)), attr(A.L2TP_ATTR_ENCAP_TYPE, u16(0)),
+        attr(A.L2TP_ATTR_UDP_SPORT, u16(5000)), attr(A.L2TP_ATTR_UDP_DPORT, u16(5001)),
+        attr(A.L2TP_ATTR_UDP_CSUM, u8(0)),
+        attr(A.L2TP_ATTR_IP_SADDR, ip4("10.98.0.1")), attr(A.L2TP_ATTR_IP_DADDR, ip4("10.98.0.2")),
+    )
+    msg = nl.l2tpmsg(raw)
+    msg.decode()
+    t = nl.parse_tunnel(msg)
+    assert (t.tunnel_id, t.peer_tunnel_id, t.version, t.encap) == (100, 200, 3, Encap.udp)
+    assert str(t.local) == "10.98.0.1:5000" and str(t.remote) == "10.98.0.2:5001" and t.udp_csum is False

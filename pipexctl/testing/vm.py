@@ -277,7 +277,7 @@ def run_in_guest(
                 continue
             if not boot_done:
                 boot_done.append(time.monotonic() - start)
-            if echo:
+            if echo and not re.search(r"\] reboot: Power down", line):
                 sys.stdout.write(line)
                 sys.stdout.flush()
 

@@ -36,12 +36,13 @@ def _wait_gone(ns, what, timeout=5.0):
     return False
 
 
-def _side(orch, ns, local, remote, tid, ptid, sid, psid):
-    """Managed v2 tunnel + PPP session + connected PPPoL2TP socket in ``ns``."""
+def _side(orch, ns, local, remote, tid, ptid, sid, psid, version=2):
+    """Managed tunnel + PPP session + connected PPPoL2TP socket in ``ns``."""
     with netns.enter(ns):
         udp = udp_socket((local, 1701), (remote, 1701))
-    orch.add_tunnel(TunnelSpec(tunnel_id=tid, peer_tunnel_id=ptid, version=2, fd=udp.fileno()))
-    r = orch.add_session(SessionSpec(tunnel_id=tid, session_id=sid, peer_session_id=psid, version=2, pw_type=PwType.ppp))
+    orch.add_tunnel(TunnelSpec(tunnel_id=tid, peer_tunnel_id=ptid, version=version, fd=udp.fileno()))
+    r = orch.add_session(SessionSpec(tunnel_id=tid, session_id=sid, peer_session_id=psid, version=version,
+                                     pw_type=PwType.ppp))
     assert not r.tunnel_created
     ch = orch.backend.ppp_connect(r.tunnel, r.session)
     return udp, ch
@@ -58,14 +59,18 @@ def _ppp_unit(channel_index: int) -> tuple[int, int, int]:
     return unit, unit_fd, chan_fd
 
 
-def test_managed_v2_tunnel_ppp_session_channel_and_data(pair, orch_in):
+@pytest.mark.parametrize("version,family", [(2, 4), (2, 6), (3, 4), (3, 6)], ids=["v2-ip4", "v2-ip6", "v3-ip4", "v3-ip6"])
+def test_managed_tunnel_ppp_session_channel_and_data(pair, orch_in, version, family):
+    a, b = (pair.A4, pair.B4) if family == 4 else (pair.A6, pair.B6)
     oa, ob = orch_in(pair.a), orch_in(pair.b)
-    udp_a, ch_a = _side(oa, pair.a, pair.A4, pair.B4, 11, 22, 5, 6)
-    udp_b, ch_b = _side(ob, pair.b, pair.B4, pair.A4, 22, 11, 6, 5)
+    udp_a, ch_a = _side(oa, pair.a, a, b, 11, 22, 5, 6, version)
+    udp_b, ch_b = _side(ob, pair.b, b, a, 22, 11, 6, 5, version)
 
     tun = ip_l2tp(pair.a, "tunnel")
     assert len(tun) == 1 and tun[0]["tunnel_id"] == 11 and tun[0]["peer_tunnel_id"] == 22
-    assert (tun[0]["local"], tun[0]["remote"], tun[0]["sport"], tun[0]["dport"]) == (pair.A4, pair.B4, 1701, 1701)
+    assert (tun[0]["local"], tun[0]["remote"], tun[0]["sport"], tun[0]["dport"]) == (a, b, 1701, 1701)
+    kt = oa.tunnels()[0]
+    assert kt.version == version and kt.local.address.version == family
     sess = ip_l2tp(pair.a, "session")
     assert sess == [{"session_id": 5, "tunnel_id": 11, "peer_session_id": 6, "peer_tunnel_id": 22}]
 

@@ -79,6 +79,13 @@ def test_pseudowire_library(pair, orch_in, case):
     # pipexctl's counters and the netdev's agree on direction and order of magnitude
     assert after.rx_bytes > 5 * 84 and after.tx_bytes > 5 * 84
 
+    # modify: sequence numbers on; iproute2 shows it
+    oa.backend.session_modify(100, 10, send_seq=True, recv_seq=True)
+    out = subprocess.run(["ip", "-n", pair.a, "l2tp", "show", "session"], capture_output=True, text=True).stdout
+    seq = [ln for ln in out.splitlines() if "sequence numbering:" in ln]
+    assert seq and "send" in seq[0] and "recv" in seq[0], out
+    assert oa.session(100, 10).send_seq
+
     # delete: nothing left behind
     oa.delete_session(100, 10)
     assert ip_l2tp(pair.a, "session") == []

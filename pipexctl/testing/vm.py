@@ -66,7 +66,6 @@ mkdir -p /root/dev/pts /root/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /root/dev/pts
 mount -t tmpfs tmpfs /root/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /root/run
-mount -t tmpfs -o mode=1777 tmpfs /root/tmp
 mkdir -p "/root$results"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 results "/root$results" || fail "cannot mount the results share"
 # switch_root, not chroot: the kernel's module loader (request_module) runs
@@ -232,9 +231,14 @@ def run_in_guest(
     script = [GUEST_PRELUDE, f"export PIPEXCTL_RESULTS={shlex.quote(str(results))}"]
     for k, v in (env or {}).items():
         script.append(f"export {k}={shlex.quote(v)}")
-    script.append(f"cd {shlex.quote(cwd or os.getcwd())} || exit 126")
-    script.append(f"( {cmd} )")
-    script.append("status=$?")
+    where = shlex.quote(cwd or os.getcwd())
+    # PID 1 must never exit before the poweroff below (the kernel would panic)
+    script.append(f"if cd {where}; then")
+    script.append(f"  ( {cmd} )")
+    script.append("  status=$?")
+    script.append("else")
+    script.append(f'  echo "pipexctl-vm: cannot cd to {where} in the guest"; status=126')
+    script.append("fi")
     script.append(f'echo "$status" > {shlex.quote(str(results))}/exit-status')
     script.append('echo "@@PIPEXCTL-VM-EXIT $status@@"')
     script.append("sync")

@@ -1,0 +1,232 @@
+"""An xl2tpd + pppd lab in network namespaces (for tests, the demo and benchmarks).
+
+One LNS namespace and any number of LAC namespaces, each LAC joined to the
+LNS by its own veth (LNS side 10.99.<n>.1, LAC side 10.99.<n>.2).  Each
+namespace runs its own Debian xl2tpd (own config, control pipe, pid file and
+log), started with ``-D`` so its log goes to a file we read.  Must run as
+root in a kernel with L2TP/PPP (the guest).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PPP_OPTS_COMMON = """noauth
+nodefaultroute
+noccp
+novj
+nobsdcomp
+nodeflate
+mtu 1400
+mru 1400
+lcp-echo-interval 0
+"""
+
+
+@dataclass
+class Instance:
+    name: str
+    ns: str
+    role: str  # "lns" or "lac"
+    dir: Path
+    local: str
+    peer: str = ""
+    proc: subprocess.Popen | None = None
+    log_file: object = None
+
+    @property
+    def control(self) -> str:
+        return str(self.dir / "l2tp-control")
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "xl2tpd.log"
+
+    @property
+    def pidfile(self) -> str:
+        return str(self.dir / "xl2tpd.pid")
+
+
+@dataclass
+class Lab:
+    kernel_mode: bool = False
+    base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pxlab-")))
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
+    lns: Instance | None = None
+    lacs: list[Instance] = field(default_factory=list)
+    hello: int = 60
+
+    def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
+
+    # ---- topology
+    def setup(self, n_lacs: int = 1) -> "Lab":
+        subprocess.run(["modprobe", "-a", "l2tp_ppp", "ppp_generic"], capture_output=True)
+        lns_ns = f"lns{self.tag}"
+        self._sh("ip", "netns", "add", lns_ns)
+        self._sh("ip", "-n", lns_ns, "link", "set", "lo", "up")
+        self.lns = Instance("lns", lns_ns, "lns", self.base / "lns", "10.99.1.1")
+        self.lns.dir.mkdir(parents=True)
+        for i in range(1, n_lacs + 1):
+            ns = f"lac{i}{self.tag}"
+            self._sh("ip", "netns", "add", ns)
+            self._sh("ip", "-n", ns, "link", "set", "lo", "up")
+            self._sh("ip", "link", "add", f"l{i}", "netns", lns_ns, "type", "veth", "peer", "name", "v0", "netns", ns)
+            self._sh("ip", "-n", lns_ns, "addr", "add", f"10.99.{i}.1/24", "dev", f"l{i}")
+            self._sh("ip", "-n", ns, "addr", "add", f"10.99.{i}.2/24", "dev", "v0")
+            self._sh("ip", "-n", lns_ns, "link", "set", f"l{i}", "up")
+            self._sh("ip", "-n", ns, "link", "set", "v0", "up")
+            inst = Instance(f"lac{i}", ns, "lac", self.base / f"lac{i}", f"10.99.{i}.2", peer=f"10.99.{i}.1")
+            inst.dir.mkdir(parents=True)
+            self.lacs.append(inst)
+        return self
+
+    # ---- configuration
+    def _global(self, listen: str | None) -> str:
+        g = "[global]\nport = 1701\n"
+        if listen:
+            g += f"listen-addr = {listen}\n"
+        if not self.kernel_mode:
+            g += "force userspace = yes\n"
+        return g
+
+    def write_configs(self, extra_pppd: str = "") -> None:
+        assert self.lns is not None
+        (self.lns.dir / "options").write_text(PPP_OPTS_COMMON + "ms-dns 10.99.200.1\n" + extra_pppd)
+        self.lns.dir.joinpath("xl2tpd.conf").write_text(
+            self._global(None)
+            + f"""
+[lns default]
+ip range = 10.99.100.2-10.99.100.250
+local ip = 10.99.100.1
+require authentication = no
+refuse chap = yes
+refuse pap = yes
+name = lns
+length bit = yes
+pppoptfile = {self.lns.dir}/options
+"""
+        )
+        for lac in self.lacs:
+            (lac.dir / "options").write_text(PPP_OPTS_COMMON + "ipcp-accept-local\nipcp-accept-remote\n" + extra_pppd)
+            lac.dir.joinpath("xl2tpd.conf").write_text(
+                self._global(lac.local)
+                + f"""
+[lac lns]
+lns = {lac.peer}
+require authentication = no
+refuse chap = yes
+refuse pap = yes
+name = {lac.name}
+length bit = yes
+redial = no
+pppoptfile = {lac.dir}/options
+"""
+            )
+
+    # ---- processes
+    def start(self, inst: Instance) -> None:
+        offset = inst.log.stat().st_size if inst.log.exists() else 0
+        inst.log_file = open(inst.log, "ab")
+        inst.proc = subprocess.Popen(
+            ["ip", "netns", "exec", inst.ns, "xl2tpd", "-D", "-c", str(inst.dir / "xl2tpd.conf"),
+             "-p", inst.pidfile, "-C", inst.control],
+            stdout=inst.log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.wait_log(inst, "Listening on IP address", timeout=15, offset=offset)
+
+    def start_all(self) -> None:
+        self.write_configs()
+        assert self.lns is not None
+        self.start(self.lns)
+        for lac in self.lacs:
+            self.start(lac)
+
+    def control(self, inst: Instance, line: str) -> None:
+        """Write one request to the control pipe, as `echo ... > pipe` does."""
+        fd = os.open(inst.control, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def connect(self, lac: Instance, timeout: float = 30) -> None:
+        """Bring up one call from ``lac`` and wait for pppd to finish IPCP."""
+        start = lac.log.stat().st_size
+        self.control(lac, "c lns")
+        self.wait_log(lac, "Call established", timeout=timeout, offset=start)
+
+    def disconnect(self, lac: Instance) -> None:
+        self.control(lac, "d lns")
+
+    def kill(self, inst: Instance, sig: int = signal.SIGTERM) -> None:
+        if inst.proc and inst.proc.poll() is None:
+            os.killpg(inst.proc.pid, sig)
+            try:
+                inst.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(inst.proc.pid, signal.SIGKILL)
+                inst.proc.wait(5)
+
+    def wait_log(self, inst: Instance, text: str, timeout: float = 30, offset: int = 0, count: int = 1) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            data = inst.log.read_bytes()[offset:].decode("utf-8", "replace")
+            if data.count(text) >= count:
+                return data
+            if inst.proc and inst.proc.poll() is not None:
+                raise RuntimeError(f"{inst.name} xl2tpd exited ({inst.proc.returncode}):\n{data[-2000:]}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{inst.name}: no {text!r} in {timeout} s; log tail:\n{inst.log.read_text()[-3000:]}")
+
+    def pppds(self, inst: Instance) -> list[int]:
+        """PIDs of the pppd children of ``inst``'s xl2tpd."""
+        if not inst.proc:
+            return []
+        xpid = _xl2tpd_pid(inst)
+        out = []
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    stat = (p / "stat").read_text()
+                except OSError:
+                    continue
+                fields = stat[stat.rfind(")") + 2:].split()
+                if int(fields[1]) == xpid and "pppd" in stat[: stat.rfind(")")]:
+                    out.append(int(p.name))
+        return out
+
+    def teardown(self) -> None:
+        for inst in [*self.lacs, *( [self.lns] if self.lns else [])]:
+            self.kill(inst)
+            if inst.log_file:
+                inst.log_file.close()
+        subprocess.run(["pkill", "-f", f"pppd.*{self.base}"], capture_output=True)
+        for inst in [*self.lacs, *([self.lns] if self.lns else [])]:
+            subprocess.run(["ip", "netns", "del", inst.ns], capture_output=True)
+
+    def __enter__(self) -> "Lab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def keep_logs(self, dest: Path) -> None:
+        for inst in [*( [self.lns] if self.lns else []), *self.lacs]:
+            if inst.log.exists():
+                shutil.copy(inst.log, dest / f"{inst.name}-{'kernel' if self.kernel_mode else 'user'}.log")
+
+
+def _xl2tpd_pid(inst: Instance) -> int:
+    try:
+        return int(Path(inst.pidfile).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return inst.proc.pid if inst.proc else -1

@@ -468,6 +468,130 @@ def check(as_json: bool) -> None:
         sys.exit(1)
 
 
+# ---------------------------------------------------------------- discovery
+
+
+def discovery_options(fn):
+    for dec in reversed([
+        click.option("--log", "logs", multiple=True, metavar="PATH|journal:UNIT|journal-id:IDENT",
+                     help="xl2tpd log to read: a file (plain or syslog), or the journal. Repeatable. "
+                          "[default: /var/log/syslog, /var/log/daemon.log, journal:xl2tpd, those that exist]"),
+        click.option("--control", "controls", multiple=True, metavar="PIPE",
+                     help="xl2tpd control pipe, paired with the --log at the same position. Repeatable. "
+                          "[default: /var/run/xl2tpd/l2tp-control when it exists]"),
+        click.option("--no-proc", is_flag=True, help="Do not look at /proc for pppd processes."),
+        click.option("--no-kernel", is_flag=True, help="Do not ask the kernel which calls it carries."),
+        click.option("--identifier", default="xl2tpd", show_default=True, help="Syslog identifier of xl2tpd."),
+    ]):
+        fn = dec(fn)
+    return fn
+
+
+def _discovery(app: "AppContext", logs, controls, no_proc, no_kernel, identifier, follow):
+    import os as _os
+
+    from .discovery.control import DEFAULT_PIPE
+    from .discovery.discovery import DEFAULT_LOGS, Discovery
+
+    if not logs:
+        logs = tuple(p for p in DEFAULT_LOGS if p.startswith("journal") or _os.path.exists(p))
+        if not any(_os.path.exists("/run/systemd/journal") for _ in [0]):
+            logs = tuple(p for p in logs if not p.startswith("journal"))
+    if not controls and _os.path.exists(DEFAULT_PIPE):
+        controls = (DEFAULT_PIPE,)
+    if not logs and not controls:
+        raise errors.PipexError("no xl2tpd log or control pipe found: give --log and/or --control")
+    return Discovery(list(logs), list(controls), proc=not no_proc, kernel=not no_kernel, netns=app.netns,
+                     identifier=identifier, follow=follow)
+
+
+def _age(since: float) -> str:
+    import time as _t
+
+    s = max(0, int(_t.time() - since))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+
+@cli.command()
+@discovery_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: tunnels, calls, stats.")
+@click.pass_obj
+@boundary
+def discover(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_json) -> None:
+    """List every tunnel and call of running xl2tpd instances.
+
+    Sources are merged: the logs give ids and history, the control pipe what
+    xl2tpd holds now, /proc the pppd PIDs and their data path (pty or
+    PPPoL2TP), the kernel which calls it already carries.
+
+    \b
+    Example:
+      pipexctl discover --log /var/log/syslog --control /var/run/xl2tpd/l2tp-control
+      pipexctl -n lns discover --log /tmp/xl2tpd.log --json
+    """
+    d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=False)
+    try:
+        snap = d.snapshot()
+    finally:
+        d.close()
+    if as_json:
+        _emit_json(snap.as_dict())
+        return
+    rows = [[c.role, c.section or "-", f"{c.peer}:{c.peer_port}" if c.peer_port else c.peer,
+             f"{c.tunnel_id if c.tunnel_id is not None else '?'}/{c.peer_tunnel_id if c.peer_tunnel_id is not None else '?'}",
+             f"{c.call_id}/{c.peer_call_id if c.peer_call_id is not None else '?'}",
+             c.pppd_pid or "-", c.data_path, _age(c.since)] for c in snap.calls]
+    _table(rows, ["ROLE", "SECTION", "PEER", "TUNNEL(OUR/PEER)", "CALL(OUR/PEER)", "PPPD", "DATA-PATH", "AGE"])
+    idle = [t for t in snap.tunnels if not any(c.tunnel_id == t.tunnel_id and c.instance == t.instance for c in snap.calls)]
+    for t in idle:
+        click.echo(f"tunnel {t.tunnel_id}/{t.peer_tunnel_id} to {t.peer} ({t.role}) has no call")
+    for w in snap.stats["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    if snap.stats["malformed"]:
+        click.echo(f"warning: {snap.stats['malformed']} malformed xl2tpd log lines ignored", err=True)
+
+
+@cli.command()
+@discovery_options
+@click.option("--json", "as_json", is_flag=True, help="Newline-delimited JSON, one object per event.")
+@click.option("--duration", type=float, help="Stop after this many seconds.")
+@click.pass_obj
+@boundary
+def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_json, duration) -> None:
+    """Follow xl2tpd: print each tunnel/call event once, in order.
+
+    First the objects alive now (TunnelUp, CallUp), then TunnelUp, CallUp,
+    CallUpdated, DataPathChanged, CallDown and TunnelDown as they happen.
+
+    \b
+    Example:
+      pipexctl watch --json --log /var/log/syslog
+      xl2tpd -D 2>&1 | tee /tmp/x.log  &  pipexctl watch --log /tmp/x.log
+    """
+    import time as _t
+
+    d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
+    until = _t.monotonic() + duration if duration else None
+    try:
+        for e in d.events(until=until):
+            if as_json:
+                click.echo(e.model_dump_json(exclude={"call": {"pppd_argv"}}))
+            else:
+                obj = getattr(e, "call", None) or getattr(e, "tunnel")
+                what = (f"call {obj.call_id}/{obj.peer_call_id} tunnel {obj.tunnel_id}/{obj.peer_tunnel_id} "
+                        f"pppd {obj.pppd_pid or '-'} {obj.data_path}" if hasattr(obj, "call_id")
+                        else f"tunnel {obj.tunnel_id}/{obj.peer_tunnel_id} {obj.role} {obj.peer}")
+                extra = getattr(e, "reason", "") or ""
+                if e.event == "DataPathChanged":
+                    extra = f"{e.old} -> {e.new}"
+                click.echo(f"{e.event:16} {what}" + (f" ({extra})" if extra else ""))
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        d.close()
+
+
 def main() -> None:
     cli(prog_name="pipexctl")
 

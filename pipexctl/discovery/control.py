@@ -1,0 +1,216 @@
+"""A client for xl2tpd's control pipe, the protocol of ``xl2tpd-control``.
+
+Request: one write of ``@<reply-file> <letter> <args>\\n`` to the FIFO
+(default ``/var/run/xl2tpd/l2tp-control``).  xl2tpd opens ``<reply-file>``,
+writes lines ``NN text`` (``00`` = ok) and closes it.  We make the reply file
+a FIFO of our own in a private 0700 directory and read it with a timeout.
+Written by hand: there is no Python library for it, and it is ~100 lines.
+
+Letters (xl2tpd.c ``do_control``): ``x`` available, ``y`` status-lns,
+``s`` status-lac (answers nothing: the status goes to the log), ``c``
+connect-lac, ``d`` disconnect-lac, ``h`` hang up a call (our call id),
+``t`` tunnel to host, ``o`` outgoing call, ``a``/``r`` add/remove LAC,
+``z``/``w`` add/remove LNS.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import select
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .. import errors
+
+DEFAULT_PIPE = "/var/run/xl2tpd/l2tp-control"
+
+
+class ControlError(errors.PipexError):
+    """xl2tpd's control pipe failed or answered with an error."""
+
+
+@dataclass
+class Reply:
+    code: int
+    lines: list[str]  # the text after "NN ", OK line included
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+
+_LINE = re.compile(r"^(\d{2}) (.*)$")
+
+
+def parse_reply(text: str) -> Reply:
+    """Parse reply lines; the first line's code is the reply's code."""
+    code: Optional[int] = None
+    lines: list[str] = []
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        m = _LINE.match(raw)
+        if m is None:
+            raise ControlError(f"malformed control reply line {raw[:120]!r}")
+        if code is None:
+            code = int(m[1])
+        lines.append(m[2])
+    if code is None:
+        raise ControlError("empty control reply")
+    return Reply(code, lines)
+
+
+@dataclass
+class AvailableTunnel:
+    peer_tunnel_id: int
+    tunnel_id: int
+    calls: int
+
+
+@dataclass
+class Available:
+    lns: list[str] = field(default_factory=list)
+    lac: list[str] = field(default_factory=list)
+    tunnels: list[AvailableTunnel] = field(default_factory=list)
+
+
+_AV_TUNNEL = re.compile(r"^AVAILABLE tunnel \S+, id (\d{1,5}), ourtid (\d{1,5}) has (\d{1,6}) calls")
+_AV_NAME = re.compile(r"^AVAILABLE (lns|lac)\.\d{1,6}\.name=(.{0,128})$")
+
+
+def parse_available(reply: Reply) -> Available:
+    av = Available()
+    for ln in reply.lines[1:]:
+        if m := _AV_TUNNEL.match(ln):
+            av.tunnels.append(AvailableTunnel(int(m[1]), int(m[2]), int(m[3])))
+        elif m := _AV_NAME.match(ln):
+            if m[2]:
+                getattr(av, m[1]).append(m[2])
+    return av
+
+
+@dataclass
+class StatusCall:
+    call_id: int  # ours (xl2tpd prints c->ourcid)
+    tx_bytes: int = 0
+    rx_bytes: int = 0
+    tx_pkts: int = 0
+    rx_pkts: int = 0
+
+
+@dataclass
+class StatusTunnel:
+    peer_tunnel_id: int  # the PEER's (xl2tpd prints t->tid)
+    peer: str = ""
+    peer_port: int = 0
+    calls: dict[int, StatusCall] = field(default_factory=dict)
+
+
+_ST = re.compile(r"^STATUS tunnels\.(\d{1,6})\.(id|peer|calls\.(\d{1,6})\.(id|tx_bytes|rx_bytes|tx_pkts|rx_pkts))=(.{0,64})$")
+
+
+def parse_status_lns(reply: Reply) -> list[StatusTunnel]:
+    tunnels: dict[int, StatusTunnel] = {}
+    calls: dict[tuple[int, int], dict] = {}
+    for ln in reply.lines[1:]:
+        m = _ST.match(ln)
+        if not m:
+            continue
+        ti, what, ci, cfield, value = int(m[1]), m[2], m[3], m[4], m[5]
+        t = tunnels.setdefault(ti, StatusTunnel(0))
+        try:
+            if what == "id":
+                t.peer_tunnel_id = int(value)
+            elif what == "peer":
+                host, _, port = value.rpartition(":")
+                t.peer, t.peer_port = host, int(port)
+            else:
+                calls.setdefault((ti, int(ci)), {})[cfield] = int(value)
+        except ValueError:
+            raise ControlError(f"malformed status-lns line {ln[:120]!r}") from None
+    for (ti, _), c in sorted(calls.items()):
+        if "id" in c:
+            cid = c.pop("id")
+            tunnels[ti].calls[cid] = StatusCall(cid, **c)
+    return [tunnels[k] for k in sorted(tunnels)]
+
+
+class ControlClient:
+    def __init__(self, pipe: str = DEFAULT_PIPE, timeout: float = 2.0) -> None:
+        self.pipe, self.timeout = pipe, timeout
+
+    def request(self, letter: str, args: str = "") -> Reply:
+        if len(letter) != 1 or "\n" in args or len(args) > 900:
+            raise ControlError("bad control request")
+        tmp = tempfile.mkdtemp(prefix="pipexctl-ctl-")
+        reply = os.path.join(tmp, "reply")
+        os.mkfifo(reply, 0o600)
+        try:
+            # open the reply FIFO first (non-blocking), so xl2tpd's open never blocks
+            rfd = os.open(reply, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                try:
+                    wfd = os.open(self.pipe, os.O_WRONLY | os.O_NONBLOCK)
+                except FileNotFoundError:
+                    raise ControlError(f"xl2tpd control pipe {self.pipe} does not exist (is xl2tpd running?)") from None
+                except OSError as e:
+                    if e.errno == errno.ENXIO:
+                        raise ControlError(f"nobody reads {self.pipe}: xl2tpd is not running") from None
+                    raise ControlError(f"cannot open {self.pipe}: {e.strerror}") from None
+                try:
+                    os.write(wfd, f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
+                finally:
+                    os.close(wfd)
+                return parse_reply(self._read_all(rfd))
+            finally:
+                os.close(rfd)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _read_all(self, fd: int) -> str:
+        end = time.monotonic() + self.timeout
+        data = b""
+        opened = False  # EOF only counts after xl2tpd has opened the FIFO
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise ControlError(f"no reply from xl2tpd on {self.pipe} within {self.timeout:.1f} s")
+            r, _, _ = select.select([fd], [], [], min(left, 0.05))
+            if not r:
+                continue
+            chunk = os.read(fd, 65536)
+            if chunk:
+                data += chunk
+                opened = True
+                if len(data) > 4 << 20:
+                    raise ControlError("control reply too large")
+            elif opened:
+                return data.decode("utf-8", "replace")
+            else:
+                time.sleep(0.01)  # no writer yet: select reports EOF on an unopened FIFO
+
+    # typed helpers
+    def available(self) -> Available:
+        return parse_available(self._ok(self.request("x")))
+
+    def status_lns(self, lns: str = "default") -> list[StatusTunnel]:
+        return parse_status_lns(self._ok(self.request("y", lns)))
+
+    def connect_lac(self, lac: str) -> Reply:
+        return self._ok(self.request("c", lac))
+
+    def disconnect_lac(self, lac: str) -> Reply:
+        return self._ok(self.request("d", lac))
+
+    def hangup(self, call_id: int) -> Reply:
+        return self._ok(self.request("h", str(int(call_id))))
+
+    def _ok(self, r: Reply) -> Reply:
+        if not r.ok:
+            raise ControlError(f"xl2tpd answered {r.code:02d}: {' / '.join(r.lines)[:200]}")
+        return r

@@ -1,0 +1,337 @@
+"""Discovery: every tunnel and call of running xl2tpd instances, from logs,
+control pipes, /proc and the kernel, merged into one model.
+
+- ``Discovery.snapshot()``: read the logs to their end, then correct them with
+  what xl2tpd says now (control pipe), which processes live (/proc) and what
+  the kernel holds (netlink dumps): stale log history never survives.
+- ``Discovery.events()``: the live objects first (one ``TunnelUp``/``CallUp``
+  each), then every change as it happens, each event once.  Logs are
+  followed like ``tail -F`` (rotation and truncation), /proc and the kernel
+  are polled (the kernel sends no netlink events for objects made through
+  the PPPoL2TP socket API, which is what xl2tpd's kernel mode uses).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from .. import errors
+from . import logparse as lp
+from . import procscan
+from .control import ControlClient, ControlError
+from .state import CallDown, CallUp, Event, Tracker, TunnelDown, TunnelUp
+
+DEFAULT_LOGS = ["/var/log/syslog", "/var/log/daemon.log", "journal:xl2tpd"]
+
+
+class LogFile:
+    """A file followed across rotation and truncation (like ``tail -F``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._f = None
+        self._ino: Optional[int] = None
+        self._buf = b""
+
+    def read_lines(self) -> list[str]:
+        out: list[bytes] = []
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if self._f is not None and st is not None and st.st_ino != self._ino:
+            out += self._drain()  # rotated: finish the old file first
+            self._f.close()
+            self._f = None
+        if self._f is None and st is not None:
+            self._f = open(self.path, "rb")
+            self._ino = st.st_ino
+        if self._f is not None:
+            if st is not None and st.st_size < self._f.tell():
+                self._f.seek(0)  # truncated (copytruncate)
+                self._buf = b""
+            out += self._drain()
+        return [b.decode("utf-8", "replace") for b in out]
+
+    def _drain(self) -> list[bytes]:
+        data = self._f.read()
+        if not data:
+            return []
+        data = self._buf + data
+        lines = data.split(b"\n")
+        self._buf = lines.pop()
+        if len(self._buf) > 1 << 20:  # a runaway line: cut it
+            lines.append(self._buf)
+            self._buf = b""
+        return lines
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+
+
+class Journal:
+    """``journalctl -o json`` for a unit (``journal:UNIT``) or identifier (``journal-id:IDENT``)."""
+
+    def __init__(self, spec: str, follow: bool) -> None:
+        kind, _, name = spec.partition(":")
+        sel = ["-u", name] if kind == "journal" else ["-t", name]
+        argv = ["journalctl", "-o", "json", "--no-pager", *sel] + (["-f", "-n", "all"] if follow else [])
+        try:
+            self._p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise errors.PipexError(f"{spec}: journalctl not found") from None
+        os.set_blocking(self._p.stdout.fileno(), not follow)
+        self._buf = b""
+        self.follow = follow
+
+    def read_lines(self) -> list[str]:
+        try:
+            data = self._p.stdout.read() or b""
+        except BlockingIOError:
+            data = b""
+        data = self._buf + data
+        lines = data.split(b"\n")
+        self._buf = lines.pop()
+        return [x.decode("utf-8", "replace") for x in lines]
+
+    def close(self) -> None:
+        self._p.kill()
+        self._p.wait()
+
+
+@dataclass
+class Source:
+    name: str
+    reader: object
+    parser: lp.LineParser
+    control: Optional[ControlClient] = None
+
+
+@dataclass
+class Snapshot:
+    tunnels: list = field(default_factory=list)
+    calls: list = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "tunnels": [t.model_dump(mode="json") for t in self.tunnels],
+            "calls": [c.model_dump(mode="json", exclude={"pppd_argv"}) for c in self.calls],
+            "stats": self.stats,
+        }
+
+
+class Discovery:
+    def __init__(
+        self,
+        logs: list[str],
+        controls: Optional[list[str]] = None,
+        *,
+        proc: bool = True,
+        kernel: bool = True,
+        netns: Optional[str] = None,
+        identifier: str = "xl2tpd",
+        follow: bool = False,
+    ) -> None:
+        self.tracker = Tracker()
+        self.sources: list[Source] = []
+        self.proc, self.kernel, self.netns = proc, kernel, netns
+        controls = list(controls or [])
+        for i, spec in enumerate(logs):
+            if spec.startswith(("journal:", "journal-id:")):
+                reader = Journal(spec, follow)
+            else:
+                reader = LogFile(spec)
+            ctl = ControlClient(controls[i]) if i < len(controls) else None
+            self.sources.append(Source(spec, reader, lp.LineParser(identifier), ctl))
+        for spec in controls[len(logs):]:  # control pipes without a log
+            self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
+        self._backend = None
+        self.warnings: list[str] = []
+
+    # ---- reading
+    def _read_logs(self) -> list[Event]:
+        ev: list[Event] = []
+        for s in self.sources:
+            if s.reader is None:
+                continue
+            for line in s.reader.read_lines():
+                for rec in s.parser.feed(line):
+                    ev += self.tracker.apply(s.name, rec)
+        return ev
+
+    def _reconcile_control(self) -> list[Event]:
+        """What xl2tpd says now beats log history (rotation, missed lines)."""
+        ev: list[Event] = []
+        for s in self.sources:
+            if s.control is None:
+                continue
+            try:
+                av = s.control.available()
+                status = {name: s.control.status_lns(name) for name in av.lns or ["default"]}
+            except ControlError as e:
+                self.warnings.append(f"{s.control.pipe}: {e}")
+                continue
+            ins = self.tracker.inst(s.name)
+            live_tids = {t.tunnel_id for t in av.tunnels}
+            for tid in [t for t in ins.tunnels if t not in live_tids]:
+                ev += self.tracker._tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
+            by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
+            lns_calls: set[int] = set()
+            for section, tunnels in status.items():
+                for st in tunnels:
+                    tid = by_peer_tid.get(st.peer_tunnel_id)
+                    if tid is None:
+                        continue
+                    if tid not in ins.tunnels:
+                        from .state import TunnelInfo
+
+                        t = TunnelInfo(instance=s.name, role="lns", section=section, peer=st.peer,
+                                       peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
+                                       sources=["control"])
+                        ev += self.tracker._tunnel_up(ins, t)
+                    t = ins.tunnels[tid]
+                    for cid in st.calls:
+                        lns_calls.add(cid)
+                        c = ins.calls.get(cid)
+                        if c is None:
+                            from .state import CallInfo
+
+                            c = CallInfo(instance=s.name, role="lns", section=section, peer=st.peer,
+                                         peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
+                                         call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",
+                                         sources=["control"])
+                            ins.calls[cid] = c
+                            ev.append(CallUp(call=c.model_copy(deep=True)))
+                        else:
+                            ev += self.tracker._update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
+                                                            section=section)
+            for c in list(ins.calls.values()):
+                if c.role == "lns" and c.call_id not in lns_calls:
+                    ev += self.tracker._call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
+        return ev
+
+    def _reconcile_proc(self) -> list[Event]:
+        if not self.proc:
+            return []
+        ev: list[Event] = []
+        daemons, children = procscan.scan()
+        alive = {d.pid for d in daemons}
+        for s in self.sources:
+            ins = self.tracker.inst(s.name)
+            if ins.daemon_pid is None and s.control is not None:
+                m = [d.pid for d in daemons if d.control_pipe == s.control.pipe]
+                if len(m) == 1:
+                    ins.daemon_pid = m[0]
+            if ins.daemon_pid is not None and ins.daemon_pid not in alive:
+                ev += self.tracker._all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
+                ins.daemon_pid = None
+                continue
+            if ins.daemon_pid is None:
+                continue  # no process to check against (a log from elsewhere, or not started)
+            kids = children.get(ins.daemon_pid, [])
+            by_pid = {k.pid: k for k in kids}
+            taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
+            for c in list(ins.calls.values()):
+                if c.pppd_pid is not None and c.pppd_pid not in by_pid:
+                    ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
+                    continue
+                if c.pppd_pid is None:
+                    cands = [k for k in kids if k.pid not in taken and _matches(k, c)]
+                    if len(cands) == 1:
+                        ev += self.tracker.observe_pppd(s.name, c.call_id, cands[0].pid)
+                        taken.add(cands[0].pid)
+                k = by_pid.get(c.pppd_pid) if c.pppd_pid else None
+                if k is not None and k.data_path != "unknown":
+                    ev += self.tracker.observe_data_path(s.name, c.call_id, k.data_path)
+        return ev
+
+    def _reconcile_kernel(self) -> list[Event]:
+        if not self.kernel:
+            return []
+        try:
+            if self._backend is None:
+                from ..kernel.backend import NetlinkBackend
+
+                self._backend = NetlinkBackend(netns=self.netns)
+            sessions = {(s.tunnel_id, s.session_id) for s in self._backend.session_dump()}
+        except errors.PipexError as e:
+            self.warnings.append(f"kernel: {e}")
+            self.kernel = False
+            return []
+        ev: list[Event] = []
+        for c in self.tracker.calls():
+            if c.tunnel_id is not None and (c.tunnel_id, c.call_id) in sessions:
+                ev += self.tracker.observe_data_path(c.instance, c.call_id, "kernel")
+        return ev
+
+    def refresh(self, control: bool = True) -> list[Event]:
+        ev = self._read_logs()
+        if control:
+            ev += self._reconcile_control()
+        ev += self._reconcile_proc()
+        ev += self._reconcile_kernel()
+        return ev
+
+    def snapshot(self) -> Snapshot:
+        self.refresh()
+        now = time.time()
+        return Snapshot(
+            tunnels=sorted(self.tracker.tunnels(), key=lambda t: (t.instance, t.tunnel_id)),
+            calls=sorted(self.tracker.calls(), key=lambda c: (c.instance, c.tunnel_id or 0, c.call_id)),
+            stats={
+                "lines": sum(s.parser.lines for s in self.sources),
+                "unparsed": sum(s.parser.unparsed for s in self.sources),
+                "malformed": sum(s.parser.malformed for s in self.sources),
+                "warnings": self.warnings,
+                "at": now,
+            },
+        )
+
+    def events(self, poll: float = 0.2, reconcile_every: float = 1.0, control_every: float = 10.0,
+               until: Optional[float] = None) -> Iterator[Event]:
+        """Current objects first, then each change once.  ``until``: stop at that monotonic time."""
+        snap = self.snapshot()
+        for t in snap.tunnels:
+            yield TunnelUp(tunnel=t)
+        for c in snap.calls:
+            yield CallUp(call=c)
+        last_rec = last_ctl = time.monotonic()
+        while until is None or time.monotonic() < until:
+            ev = self._read_logs()
+            now = time.monotonic()
+            if now - last_rec >= reconcile_every:
+                do_ctl = now - last_ctl >= control_every
+                ev += (self._reconcile_control() if do_ctl else []) + self._reconcile_proc() + self._reconcile_kernel()
+                last_rec = now
+                if do_ctl:
+                    last_ctl = now
+            for e in ev:
+                yield e
+            time.sleep(poll)
+
+    def close(self) -> None:
+        for s in self.sources:
+            if s.reader is not None:
+                s.reader.close()
+        if self._backend is not None:
+            self._backend.close()
+
+
+def _matches(p: procscan.Proc, c) -> bool:
+    """Does pppd ``p`` belong to call ``c``?  By ids in argv (LNS kernel mode)
+    or by the exact argv xl2tpd logged for the call (pty path / fd number)."""
+    t, s = p.argv_tunnel_session
+    if s is not None:
+        return s == c.call_id and (t is None or c.tunnel_id is None or t == c.tunnel_id)
+    if c.pppd_argv:
+        return p.argv[1:] == c.pppd_argv[1:]
+    return False
+
+
+__all__ = ["Discovery", "Snapshot", "DEFAULT_LOGS", "CallDown", "TunnelDown"]

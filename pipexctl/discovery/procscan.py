@@ -1,0 +1,94 @@
+"""/proc: xl2tpd daemons and their pppd children (argv, pty or PPPoL2TP fds)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .control import DEFAULT_PIPE
+
+
+@dataclass
+class Proc:
+    pid: int
+    ppid: int
+    comm: str
+    argv: list[str]
+    start: int  # clock ticks after boot (field 22 of stat)
+    ttys: list[str] = field(default_factory=list)
+    sockets: int = 0
+
+    @property
+    def control_pipe(self) -> str:
+        a = self.argv
+        return a[a.index("-C") + 1] if "-C" in a and a.index("-C") + 1 < len(a) else DEFAULT_PIPE
+
+    @property
+    def argv_tunnel_session(self) -> tuple[Optional[int], Optional[int]]:
+        def num(name):
+            try:
+                return int(self.argv[self.argv.index(name) + 1])
+            except (ValueError, IndexError):
+                return None
+
+        return num("pppol2tp_tunnel_id"), num("pppol2tp_session_id")
+
+    @property
+    def data_path(self) -> str:
+        if "pppol2tp.so" in self.argv or "pipexctl.so" in self.argv:
+            return "kernel" if not self.ttys else "userspace"
+        if self.ttys:
+            return "userspace"
+        return "unknown"
+
+
+def _read(pid: int, with_fds: bool) -> Optional[Proc]:
+    base = f"/proc/{pid}"
+    try:
+        with open(f"{base}/stat") as f:
+            stat = f.read()
+        with open(f"{base}/cmdline", "rb") as f:
+            argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    comm = stat[stat.find("(") + 1: stat.rfind(")")]
+    rest = stat[stat.rfind(")") + 2:].split()
+    p = Proc(pid, int(rest[1]), comm, argv, int(rest[19]))
+    if with_fds:
+        try:
+            for fd in os.listdir(f"{base}/fd"):
+                try:
+                    target = os.readlink(f"{base}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(("/dev/pts/", "/dev/tty", "/dev/ptmx")):
+                    p.ttys.append(target)
+                elif target.startswith("socket:"):
+                    p.sockets += 1
+        except OSError:
+            pass
+    return p
+
+
+def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
+    """(xl2tpd daemons, pppd children by xl2tpd pid)."""
+    daemons: list[Proc] = []
+    pppds: list[Proc] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        p = _read(int(name), with_fds=False)
+        if p is None:
+            continue
+        if p.comm == "xl2tpd":
+            daemons.append(p)
+        elif p.comm == "pppd":
+            full = _read(p.pid, with_fds=True)
+            if full:
+                pppds.append(full)
+    children: dict[int, list[Proc]] = {d.pid: [] for d in daemons}
+    for p in pppds:
+        if p.ppid in children:
+            children[p.ppid].append(p)
+    return daemons, children

@@ -1,0 +1,347 @@
+"""What discovery knows: tunnels and calls of xl2tpd instances, and the
+events that change them.
+
+``Tracker`` applies parsed log records (``logparse``) and facts from the
+control pipe, /proc and the kernel, keeps one consistent model per xl2tpd
+instance, and returns the typed events each change causes: ``TunnelUp``,
+``CallUp``, ``CallDown``, ``TunnelDown``, ``DataPathChanged``.  Each event is
+emitted once: an object goes up once and down once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, Field
+
+from . import logparse as lp
+
+DataPath = Literal["kernel", "userspace", "unknown"]
+Role = Literal["lac", "lns", "unknown"]
+
+
+class CallInfo(BaseModel):
+    instance: str
+    role: Role = "unknown"
+    section: Optional[str] = None
+    peer: str
+    peer_port: Optional[int] = None
+    tunnel_id: Optional[int] = None  # ours; None while not yet known
+    peer_tunnel_id: Optional[int] = None
+    call_id: int  # ours (= the kernel session id)
+    peer_call_id: Optional[int] = None
+    serial: Optional[int] = None
+    pppd_pid: Optional[int] = None
+    pppd_argv: Optional[list[str]] = None
+    data_path: DataPath = "unknown"
+    since: float = Field(default_factory=time.time)
+    sources: list[str] = Field(default_factory=list)
+
+    def key(self) -> tuple:
+        return (self.instance, self.call_id)
+
+
+class TunnelInfo(BaseModel):
+    instance: str
+    role: Role = "unknown"
+    section: Optional[str] = None
+    peer: str
+    peer_port: Optional[int] = None
+    tunnel_id: int  # ours
+    peer_tunnel_id: Optional[int] = None
+    since: float = Field(default_factory=time.time)
+    sources: list[str] = Field(default_factory=list)
+
+    def key(self) -> tuple:
+        return (self.instance, self.tunnel_id)
+
+
+class _Event(BaseModel):
+    at: float = Field(default_factory=time.time)
+
+
+class TunnelUp(_Event):
+    event: Literal["TunnelUp"] = "TunnelUp"
+    tunnel: TunnelInfo
+
+
+class TunnelDown(_Event):
+    event: Literal["TunnelDown"] = "TunnelDown"
+    tunnel: TunnelInfo
+    reason: str = ""
+
+
+class CallUp(_Event):
+    event: Literal["CallUp"] = "CallUp"
+    call: CallInfo
+
+
+class CallDown(_Event):
+    event: Literal["CallDown"] = "CallDown"
+    call: CallInfo
+    reason: str = ""
+
+
+class DataPathChanged(_Event):
+    event: Literal["DataPathChanged"] = "DataPathChanged"
+    call: CallInfo
+    old: DataPath
+    new: DataPath
+
+
+class CallUpdated(_Event):
+    """A known call learned a missing fact (tunnel id, pppd PID, peer call id)."""
+
+    event: Literal["CallUpdated"] = "CallUpdated"
+    call: CallInfo
+    fields: list[str]
+
+
+Event = Union[TunnelUp, TunnelDown, CallUp, CallDown, DataPathChanged, CallUpdated]
+
+
+def data_path_from_argv(argv) -> DataPath:
+    if not argv:
+        return "unknown"
+    if "pppol2tp.so" in argv or "pppol2tp" in argv:
+        return "kernel"
+    if any(a.startswith("/dev/pts/") or a.startswith("/dev/tty") for a in argv):
+        return "userspace"
+    return "unknown"
+
+
+def _argv_int(argv, name: str) -> Optional[int]:
+    try:
+        return int(argv[argv.index(name) + 1])
+    except (ValueError, IndexError):
+        return None
+
+
+class Instance:
+    """The model of one xl2tpd (one log stream / control pipe)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.daemon_pid: Optional[int] = None
+        self.kernel_mode: Optional[bool] = None
+        self.tunnels: dict[int, TunnelInfo] = {}
+        self.calls: dict[int, CallInfo] = {}
+        self.pending_lac_tunnel: Optional[int] = None
+        self.pending_argv: Optional[tuple[str, ...]] = None
+        self.last_lac_call: Optional[int] = None
+        self.status_tunnel: Optional[int] = None
+
+
+class Tracker:
+    def __init__(self) -> None:
+        self.instances: dict[str, Instance] = {}
+        self.bad_lines = 0
+
+    def inst(self, name: str) -> Instance:
+        if name not in self.instances:
+            self.instances[name] = Instance(name)
+        return self.instances[name]
+
+    # ---- snapshot
+    def tunnels(self) -> list[TunnelInfo]:
+        return [t for i in self.instances.values() for t in i.tunnels.values()]
+
+    def calls(self) -> list[CallInfo]:
+        return [c for i in self.instances.values() for c in i.calls.values()]
+
+    # ---- helpers
+    def _tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
+        have = ins.tunnels.get(t.tunnel_id)
+        if have is not None:
+            changed = False
+            for f in ("section", "peer_tunnel_id", "peer_port", "role"):
+                if getattr(have, f) in (None, "unknown") and getattr(t, f) not in (None, "unknown"):
+                    setattr(have, f, getattr(t, f))
+                    changed = True
+            for s in t.sources:
+                if s not in have.sources:
+                    have.sources.append(s)
+            return []
+        ins.tunnels[t.tunnel_id] = t
+        return [TunnelUp(tunnel=t.model_copy(deep=True))]
+
+    def _tunnel_down(self, ins: Instance, tid: int, reason: str) -> list[Event]:
+        t = ins.tunnels.pop(tid, None)
+        if t is None:
+            return []
+        ev: list[Event] = []
+        for cid in [c.call_id for c in ins.calls.values() if c.tunnel_id == tid]:
+            ev += self._call_down(ins, cid, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
+        ev.append(TunnelDown(tunnel=t, reason=reason))
+        if ins.pending_lac_tunnel == tid:
+            ins.pending_lac_tunnel = None
+        return ev
+
+    def _call_down(self, ins: Instance, cid: int, reason: str) -> list[Event]:
+        c = ins.calls.pop(cid, None)
+        if c is None:
+            return []
+        if ins.last_lac_call == cid:
+            ins.last_lac_call = None
+        return [CallDown(call=c, reason=reason)]
+
+    def _all_down(self, ins: Instance, reason: str) -> list[Event]:
+        ev: list[Event] = []
+        for tid in list(ins.tunnels):
+            ev += self._tunnel_down(ins, tid, reason)
+        for cid in list(ins.calls):
+            ev += self._call_down(ins, cid, reason)
+        return ev
+
+    def _update_call(self, c: CallInfo, **fields) -> list[Event]:
+        changed = []
+        for k, v in fields.items():
+            if v is not None and getattr(c, k) in (None, "unknown") and getattr(c, k) != v:
+                setattr(c, k, v)
+                changed.append(k)
+        return [CallUpdated(call=c.model_copy(deep=True), fields=changed)] if changed else []
+
+    def _tunnel_for_call(self, ins: Instance, peer: str) -> Optional[int]:
+        cands = [t.tunnel_id for t in ins.tunnels.values() if t.peer == peer]
+        return cands[0] if len(cands) == 1 else None
+
+    # ---- log records
+    def apply(self, instance: str, rec: lp.Record, source: str = "log") -> list[Event]:
+        ins = self.inst(instance)
+        if isinstance(rec, (lp.Unparsed,)):
+            return []
+        if isinstance(rec, lp.Malformed):
+            self.bad_lines += 1
+            return []
+        if rec.pid is not None and ins.daemon_pid is not None and rec.pid != ins.daemon_pid:
+            # another xl2tpd process writes to this stream: the old one is gone
+            ev = self._all_down(ins, f"xl2tpd pid {ins.daemon_pid} replaced by {rec.pid}")
+            ins.daemon_pid = rec.pid
+            return ev + self.apply(instance, rec, source)
+        if rec.pid is not None:
+            ins.daemon_pid = rec.pid
+        if isinstance(rec, lp.Started):
+            return []
+        if isinstance(rec, lp.KernelSupport):
+            ins.kernel_mode = rec.kernel
+            return []
+        if isinstance(rec, lp.DaemonExiting):
+            ev = self._all_down(ins, f"xl2tpd exiting (signal {rec.signal})")
+            ins.daemon_pid = None
+            return ev
+        if isinstance(rec, lp.TunnelEstablished):
+            role: Role = "lns" if rec.lns_section is not None else "lac"
+            return self._tunnel_up(ins, TunnelInfo(
+                instance=instance, role=role, section=rec.lns_section, peer=rec.peer, peer_port=rec.port,
+                tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source]))
+        if isinstance(rec, lp.CallingOnTunnel):
+            ins.pending_lac_tunnel = rec.tunnel_id
+            return []
+        if isinstance(rec, lp.PppdArgv):
+            # LNS: the argv precedes its "Call established"; LAC: it follows
+            if ins.last_lac_call is not None and ins.last_lac_call in ins.calls:
+                c = ins.calls[ins.last_lac_call]
+                ins.last_lac_call = None
+                return self._update_call(c, pppd_argv=list(rec.argv), data_path=data_path_from_argv(rec.argv))
+            ins.pending_argv = rec.argv
+            return []
+        if isinstance(rec, lp.CallEstablished):
+            argv = ins.pending_argv
+            ins.pending_argv = None
+            tid = None
+            role: Role = "unknown"
+            if rec.tunnel_id is not None:  # outgoing call ("parameters:"): exact
+                role, tid = "lac", rec.tunnel_id
+                t0 = ins.tunnels.get(tid)
+                rec = lp.CallEstablished(t0.peer if t0 else rec.peer, rec.call_id, rec.peer_call_id, rec.serial,
+                                         rec.pppd_pid, tid, pid=rec.pid, ts=rec.ts)
+            elif rec.pppd_pid is not None:
+                role = "lns"
+                if argv is not None and _argv_int(argv, "pppol2tp_session_id") == rec.call_id:
+                    tid = _argv_int(argv, "pppol2tp_tunnel_id")
+            else:
+                role = "lac"
+                tid, ins.pending_lac_tunnel = ins.pending_lac_tunnel, None
+                argv = None
+            if tid is None:
+                tid = self._tunnel_for_call(ins, rec.peer)
+            t = ins.tunnels.get(tid) if tid is not None else None
+            old = ins.calls.get(rec.call_id)
+            ev: list[Event] = []
+            if old is not None:
+                ev += self._call_down(ins, rec.call_id, "call id reused")
+            c = CallInfo(
+                instance=instance, role=role if t is None else t.role, section=t.section if t else None,
+                peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
+                peer_tunnel_id=t.peer_tunnel_id if t else None, call_id=rec.call_id, peer_call_id=rec.peer_call_id,
+                serial=rec.serial, pppd_pid=rec.pppd_pid, pppd_argv=list(argv) if argv else None,
+                data_path=data_path_from_argv(argv) if argv else ("kernel" if ins.kernel_mode else "unknown"),
+                sources=[source],
+            )
+            if rec.ts:
+                c.since = rec.ts
+            ins.calls[c.call_id] = c
+            if role == "lac":
+                ins.last_lac_call = c.call_id
+            return ev + [CallUp(call=c.model_copy(deep=True))]
+        if isinstance(rec, lp.StatusTunnel):
+            ins.status_tunnel = rec.tunnel_id
+            return self._tunnel_up(ins, TunnelInfo(
+                instance=instance, section=rec.section, peer=rec.peer, peer_port=rec.port,
+                tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source + ":status"]))
+        if isinstance(rec, lp.StatusCall):
+            tid = ins.status_tunnel
+            t = ins.tunnels.get(tid) if tid is not None else None
+            c = ins.calls.get(rec.call_id)
+            if c is not None:
+                return self._update_call(c, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
+                                         section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
+            if t is None:
+                return []
+            c = CallInfo(instance=instance, role=t.role, section=rec.section, peer=t.peer, peer_port=t.peer_port,
+                         tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id, call_id=rec.call_id,
+                         peer_call_id=rec.peer_call_id, serial=rec.serial,
+                         data_path="kernel" if ins.kernel_mode else "unknown", sources=[source + ":status"])
+            ins.calls[c.call_id] = c
+            return [CallUp(call=c.model_copy(deep=True))]
+        if isinstance(rec, lp.TunnelClosed):
+            tid = rec.tunnel_id
+            if tid is None and rec.peer_tunnel_id is not None:
+                m = [t.tunnel_id for t in ins.tunnels.values()
+                     if t.peer_tunnel_id == rec.peer_tunnel_id and t.peer == rec.peer]
+                tid = m[0] if len(m) == 1 else None
+            return self._tunnel_down(ins, tid, rec.reason) if tid is not None else []
+        if isinstance(rec, lp.MaxRetries):
+            return self._tunnel_down(ins, rec.tunnel_id, "maximum retries exceeded")
+        if isinstance(rec, lp.CallClosed):
+            if rec.call_id is not None:
+                return self._call_down(ins, rec.call_id, rec.reason or "call closed")
+            if rec.peer_call_id is not None:
+                m = [c.call_id for c in ins.calls.values() if c.peer_call_id == rec.peer_call_id]
+                return self._call_down(ins, m[0], rec.reason) if len(m) == 1 else []
+            if rec.serial is not None:
+                m = [c.call_id for c in ins.calls.values() if c.serial == rec.serial and c.peer == rec.peer]
+                return self._call_down(ins, m[0], rec.reason or "call closed") if len(m) == 1 else []
+            return []
+        if isinstance(rec, lp.PppdTerminating):
+            m = [c for c in ins.calls.values() if c.pppd_pid == rec.pppd_pid]
+            return []
+        return []
+
+    # ---- facts from other sources
+    def observe_pppd(self, instance: str, call_id: int, pid: int) -> list[Event]:
+        ins = self.inst(instance)
+        c = ins.calls.get(call_id)
+        return self._update_call(c, pppd_pid=pid) if c else []
+
+    def observe_data_path(self, instance: str, call_id: int, path: DataPath) -> list[Event]:
+        ins = self.inst(instance)
+        c = ins.calls.get(call_id)
+        if c is None or path == "unknown" or c.data_path == path:
+            return []
+        old = c.data_path
+        c.data_path = path
+        if old == "unknown":
+            return [CallUpdated(call=c.model_copy(deep=True), fields=["data_path"])]
+        return [DataPathChanged(call=c.model_copy(deep=True), old=old, new=path)]

@@ -529,23 +529,27 @@ class LineParser:
         if msg.startswith("start_pppd: I'm running:"):
             self._argv, self._argv_pid = [], pid
             return out
+        near: Optional[str] = None
         for prefix, rx, fn in _PATTERNS:
-            if msg.startswith(prefix):
-                m = rx.match(msg)
-                if m is None:
-                    if prefix in ("Tunnel ", "Call ", "Connection "):
-                        continue  # short prefixes: other messages start the same way
-                    out.append(Malformed(msg[:512], f"does not match {prefix.strip()!r} message", pid=pid, ts=ts))
-                    return out
-                try:
-                    rec = fn(m, pid)
-                except ValueError as e:
-                    out.append(Malformed(msg[:512], str(e), pid=pid, ts=ts))
-                    return out
-                if ts is not None:
-                    rec = _with_ts(rec, ts)
-                out.append(rec)
+            if not msg.startswith(prefix):
+                continue
+            m = rx.match(msg)
+            if m is None:
+                if prefix not in ("Tunnel ", "Call ", "Connection "):  # short prefixes are shared by other text
+                    near = near or prefix
+                continue
+            try:
+                rec = fn(m, pid)
+            except ValueError as e:
+                out.append(Malformed(msg[:512], str(e), pid=pid, ts=ts))
                 return out
+            if ts is not None:
+                rec = _with_ts(rec, ts)
+            out.append(rec)
+            return out
+        if near is not None:
+            out.append(Malformed(msg[:512], f"does not match {near.strip()!r} message", pid=pid, ts=ts))
+            return out
         out.append(Unparsed(msg[:512], pid=pid, ts=ts))
         return out
 

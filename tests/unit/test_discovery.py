@@ -1,0 +1,182 @@
+"""Tracker events, control-pipe replies, log following, on recorded xl2tpd logs."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from pipexctl.discovery import control as ctl
+from pipexctl.discovery import logparse as lp
+from pipexctl.discovery.discovery import Discovery, LogFile
+from pipexctl.discovery.state import Tracker
+
+DATA = Path(__file__).parent / "data"
+
+
+def events(name, lines):
+    t = Tracker()
+    out = []
+    for r in lp.parse_lines(lines):
+        out += t.apply(name, r)
+    return t, out
+
+
+def brief(e):
+    o = getattr(e, "call", None) or e.tunnel
+    if hasattr(o, "call_id"):
+        return (e.event, o.tunnel_id, o.call_id, o.peer_call_id, o.pppd_pid, o.data_path)
+    return (e.event, o.tunnel_id, o.peer_tunnel_id, o.role)
+
+
+def test_lns_userspace_log():
+    t, ev = events("lns", (DATA / "lns-userspace.log").read_text().splitlines())
+    assert [brief(e) for e in ev] == [
+        ("TunnelUp", 28398, 58717, "lns"),
+        ("CallUp", 28398, 19361, 13604, 151, "userspace"),
+        ("TunnelUp", 25824, 2547, "lns"),
+        ("CallUp", 25824, 52848, 37505, 153, "userspace"),
+        ("CallDown", 25824, 52848, 37505, 153, "userspace"),
+        ("TunnelDown", 25824, 2547, "lns"),
+        ("CallDown", 28398, 19361, 13604, 151, "userspace"),
+    ]
+    assert [x.tunnel_id for x in t.tunnels()] == [28398] and t.calls() == []
+
+
+def test_lns_kernel_mode_maps_calls_by_argv_ids():
+    _, ev = events("lns", (DATA / "lns-kernel.log").read_text().splitlines())
+    ups = [brief(e) for e in ev if e.event == "CallUp"]
+    assert ups == [("CallUp", 55248, 63662, 48066, 237, "kernel"), ("CallUp", 39027, 54544, 13101, 239, "kernel")]
+    assert [e.event for e in ev].count("TunnelDown") == 2
+
+
+def test_lac_logs():
+    _, ev = events("lac", (DATA / "lac1-userspace.log").read_text().splitlines())
+    assert brief(ev[1]) == ("CallUp", 58717, 13604, 19361, None, "unknown")
+    assert ev[2].event == "CallUpdated" and ev[2].call.data_path == "userspace"
+    assert ev[3].event == "CallUpdated" and ev[3].call.section == "lns"  # from the status dump
+    assert [e.event for e in ev[4:]] == ["CallDown", "TunnelDown"]
+    _, ev = events("lac", (DATA / "lac2-kernel.log").read_text().splitlines())
+    assert [e.event for e in ev] == ["TunnelUp", "CallUp", "CallUpdated", "CallDown", "TunnelDown"]
+    assert ev[2].call.pppd_argv[:3] == ["/usr/sbin/pppd", "plugin", "pppol2tp.so"]
+
+
+def test_each_event_once_even_when_facts_repeat():
+    lines = (DATA / "lns-kernel.log").read_text().splitlines()
+    t = Tracker()
+    end = next(i for i, ln in enumerate(lines) if "Tunnel default, ID" in ln) + 1
+    recs = lp.parse_lines(lines[:end])
+    first = [e for r in recs for e in t.apply("x", r)]
+    again = [e for r in recs if isinstance(r, (lp.StatusTunnel, lp.StatusCall)) for e in t.apply("x", r)]
+    assert [e.event for e in first].count("CallUp") == 2 and again == []
+
+
+def test_xl2tpd_restart_ends_the_old_objects():
+    a = "xl2tpd[10]: Connection established to 10.0.0.2, 1701.  Local: 5, Remote: 6 (ref=0/0).  LNS session is 'd'"
+    b = "xl2tpd[11]: xl2tpd version xl2tpd-1.3.18 started on h PID:11"
+    _, ev = events("x", [a, b])
+    assert [e.event for e in ev] == ["TunnelUp", "TunnelDown"]
+    assert "replaced" in ev[1].reason
+
+
+def test_ambiguous_call_waits_for_a_tunnel_id():
+    lines = [
+        "xl2tpd[1]: Connection established to 10.0.0.2, 1701.  Local: 5, Remote: 6 (ref=0/0).  LNS session is 'd'",
+        "xl2tpd[1]: Connection established to 10.0.0.2, 1701.  Local: 7, Remote: 8 (ref=0/0).  LNS session is 'd'",
+        "xl2tpd[1]: Call established with 10.0.0.2, PID: 99, Local: 100, Remote: 200, Serial: 1",
+    ]
+    t, ev = events("x", lines)
+    assert ev[-1].event == "CallUp" and ev[-1].call.tunnel_id is None  # two tunnels to one peer: not guessed
+    more = [e for r in lp.parse_lines([
+        "xl2tpd[1]: Tunnel d, ID = 7 (local), 8 (remote) to 10.0.0.2:1701, x",
+        "xl2tpd[1]: Call d # 1, ID = 100 (local), 200 (remote), serno = 1, x"]) for e in t.apply("x", r)]
+    assert more[-1].event == "CallUpdated" and more[-1].call.tunnel_id == 7
+
+
+def test_control_reply_parsing_real_text():
+    av = ctl.parse_available(ctl.parse_reply(
+        "00 OK\n00 AVAILABLE lns.0.name=default\n00 AVAILABLE lns.count=1\n00 AVAILABLE lac.0.name=\n"
+        "00 AVAILABLE lac.count=1\n00 AVAILABLE tunnel 0x56406db169d0, id 2547, ourtid 25824 has 1 calls and self "
+        "0x56406db204c0\n00 AVAILABLE tunnels count=1\n00 AVAILABLE calls count=0\n"))
+    assert av.lns == ["default"] and av.lac == []
+    assert av.tunnels == [ctl.AvailableTunnel(peer_tunnel_id=2547, tunnel_id=25824, calls=1)]
+    st = ctl.parse_status_lns(ctl.parse_reply(
+        "00 OK\n00 STATUS tunnels.0.id=2547\n00 STATUS tunnels.0.peer=10.99.2.2:1701\n"
+        "00 STATUS tunnels.0.calls.0.id=52848\n00 STATUS tunnels.0.calls.0.tx_bytes=273\n"
+        "00 STATUS tunnels.0.calls.0.rx_bytes=173\n00 STATUS tunnels.0.calls.0.tx_pkts=9\n"
+        "00 STATUS tunnels.0.calls.0.rx_pkts=8\n00 STATUS tunnels.0.calls.count=1\n00 STATUS tunnels.count=1\n"))
+    assert st[0].peer_tunnel_id == 2547 and (st[0].peer, st[0].peer_port) == ("10.99.2.2", 1701)
+    assert st[0].calls[52848] == ctl.StatusCall(52848, 273, 173, 9, 8)
+    with pytest.raises(ctl.ControlError, match="malformed"):
+        ctl.parse_reply("garbage")
+    assert not ctl.parse_reply("01 Error: Could not find lns\n").ok
+
+
+def test_control_client_errors(tmp_path):
+    c = ctl.ControlClient(str(tmp_path / "nope"), timeout=0.3)
+    with pytest.raises(ctl.ControlError, match="does not exist"):
+        c.available()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ctl.ControlError, match="xl2tpd is not running"):
+        ctl.ControlClient(str(fifo), timeout=0.3).available()
+
+
+def test_control_client_protocol(tmp_path):
+    """The request bytes and the reply path, against a stand-in that speaks
+    xl2tpd's side of the FIFO protocol (the real xl2tpd: tests/kernel)."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    seen = {}
+
+    def server():
+        with open(fifo, "rb") as f:
+            req = f.read().decode()
+        seen["req"] = req
+        path, letter = req[1:].split(" ")[:2]
+        with open(path, "w") as r:
+            r.write("00 OK\n00 STATUS tunnels.count=0\n")
+
+    th = threading.Thread(target=server, daemon=True)
+    th.start()
+    import time
+
+    time.sleep(0.1)
+    st = ctl.ControlClient(str(fifo), timeout=3).status_lns("default")
+    th.join(3)
+    assert st == [] and seen["req"].startswith("@") and seen["req"].endswith(" y default\n")
+
+
+def test_logfile_follows_rotation_and_truncation(tmp_path):
+    p = tmp_path / "x.log"
+    p.write_text("a\nb\npart")
+    f = LogFile(str(p))
+    assert f.read_lines() == ["a", "b"]
+    with open(p, "a") as w:
+        w.write("ial\nc\n")
+    assert f.read_lines() == ["partial", "c"]
+    with open(p, "a") as w:
+        w.write("last-of-old\n")
+    os.rename(p, tmp_path / "x.log.1")
+    p.write_text("new1\n")
+    assert f.read_lines() == ["last-of-old", "new1"]
+    p.write_text("t\n")  # truncated in place (copytruncate)
+    assert f.read_lines() == ["t"]
+    f.close()
+
+
+def test_discovery_snapshot_from_logs(tmp_path):
+    d = Discovery([str(DATA / "lns-kernel.log")], proc=False, kernel=False)
+    lines = (DATA / "lns-kernel.log").read_text().splitlines()
+    # the state right after the two calls came up
+    cut = next(i for i, ln in enumerate(lines) if "statistics" in ln)
+    part = tmp_path / "part.log"
+    part.write_text("\n".join(lines[:cut]) + "\n")
+    d = Discovery([str(part)], proc=False, kernel=False)
+    snap = d.snapshot().as_dict()
+    d.close()
+    assert [(c["tunnel_id"], c["call_id"], c["pppd_pid"], c["data_path"]) for c in snap["calls"]] == [
+        (39027, 54544, 239, "kernel"), (55248, 63662, 237, "kernel")]
+    assert snap["stats"]["malformed"] == 0 and snap["stats"]["lines"] == cut

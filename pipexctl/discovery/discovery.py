@@ -72,6 +72,7 @@ class LogFile:
     def close(self) -> None:
         if self._f:
             self._f.close()
+            self._f = None
 
 
 class Journal:
@@ -160,8 +161,14 @@ class Discovery:
         for s in self.sources:
             if s.reader is None:
                 continue
-            for line in s.reader.read_lines():
+            lines = s.reader.read_lines()
+            for line in lines:
                 for rec in s.parser.feed(line):
+                    ev += self.tracker.apply(s.name, rec)
+            if not lines:
+                # nothing new since the last read: a pppd argv at the end of the
+                # log is complete (xl2tpd writes all of it before forking pppd)
+                for rec in s.parser.flush():
                     ev += self.tracker.apply(s.name, rec)
         return ev
 
@@ -272,6 +279,7 @@ class Discovery:
 
     def refresh(self, control: bool = True) -> list[Event]:
         ev = self._read_logs()
+        ev += self._read_logs()  # at the end of every log: flushes a trailing pppd argv
         if control:
             ev += self._reconcile_control()
         ev += self._reconcile_proc()
@@ -294,15 +302,17 @@ class Discovery:
         )
 
     def events(self, poll: float = 0.2, reconcile_every: float = 1.0, control_every: float = 10.0,
-               until: Optional[float] = None) -> Iterator[Event]:
-        """Current objects first, then each change once.  ``until``: stop at that monotonic time."""
+               until: Optional[float] = None, stop=None) -> Iterator[Event]:
+        """Current objects first, then each change once.
+
+        ``until``: stop at that monotonic time; ``stop``: a threading.Event that ends the loop."""
         snap = self.snapshot()
         for t in snap.tunnels:
             yield TunnelUp(tunnel=t)
         for c in snap.calls:
             yield CallUp(call=c)
         last_rec = last_ctl = time.monotonic()
-        while until is None or time.monotonic() < until:
+        while (until is None or time.monotonic() < until) and not (stop is not None and stop.is_set()):
             ev = self._read_logs()
             now = time.monotonic()
             if now - last_rec >= reconcile_every:

@@ -180,3 +180,14 @@ def test_discovery_snapshot_from_logs(tmp_path):
     assert [(c["tunnel_id"], c["call_id"], c["pppd_pid"], c["data_path"]) for c in snap["calls"]] == [
         (39027, 54544, 239, "kernel"), (55248, 63662, 237, "kernel")]
     assert snap["stats"]["malformed"] == 0 and snap["stats"]["lines"] == cut
+
+
+def test_lac_argv_at_the_end_of_the_log_is_used(tmp_path):
+    lines = (DATA / "lac1-userspace.log").read_text().splitlines()
+    end = max(i for i, ln in enumerate(lines) if ln.endswith('"/lab/lac1/options" ')) + 1
+    part = tmp_path / "lac.log"
+    part.write_text("\n".join(lines[:end]) + "\n")
+    d = Discovery([str(part)], proc=False, kernel=False)
+    (c,) = d.snapshot().calls
+    d.close()
+    assert c.pppd_argv[1] == "/dev/pts/0" and c.data_path == "userspace"

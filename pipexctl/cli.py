@@ -592,6 +592,51 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
         d.close()
 
 
+# ---------------------------------------------------------------- offload
+
+
+@cli.command()
+@discovery_options
+@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+              help="Unix socket the pppd plugin connects to (0600, in a 0700 directory).")
+@click.option("--wait", default=5.0, show_default=True, help="Seconds to wait for a pppd's call to show in discovery.")
+@click.option("--xl2tpd-port", default=1701, show_default=True, help="UDP port xl2tpd listens on.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each offload and removal to stderr.")
+@click.pass_obj
+@boundary
+def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socket_path, wait, xl2tpd_port,
+          verbose) -> None:
+    """Offload userspace-mode xl2tpd calls: hand pppd a kernel channel.
+
+    pppd loads the plugin (`plugin pipexctl.so` in xl2tpd's pppd options file);
+    the plugin asks this daemon for its channel; the daemon creates the
+    kernel tunnel, session, PPPoL2TP socket and nftables steering for that
+    call and sends the socket to pppd.  Run it in xl2tpd's network namespace.
+
+    \b
+    Example:
+      pipexctl serve --log /var/log/xl2tpd.log --control /var/run/xl2tpd/l2tp-control
+    """
+    import logging
+    import signal as _signal
+
+    from .kernel.backend import NetlinkBackend
+    from .offload.server import OffloadServer
+    from .offload.steering import Nft
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="pipexctl serve: %(message)s")
+    d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
+    backend = NetlinkBackend(netns=app.netns)
+    srv = OffloadServer(socket_path, d, backend, Nft(netns=app.netns), wait=wait, xl2tpd_port=xl2tpd_port)
+    for sig in (_signal.SIGTERM, _signal.SIGINT):
+        _signal.signal(sig, lambda *_: srv.stop.set())
+    try:
+        srv.serve_forever()
+    finally:
+        d.close()
+        backend.close()
+
+
 def main() -> None:
     cli(prog_name="pipexctl")
 

@@ -44,6 +44,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q -e '.[test]'
   echo "$want" > "$stamp"
 fi
+# the pppd plugin, built against the installed pppd headers and put in pppd's plugin dir
+make -s -C plugins install >/dev/null
 # byte-compile now: the guest sees the tree read-only and would recompile every boot
 .venv/bin/python -m compileall -q pipexctl tests >/dev/null
 echo "setup: ok ($(.venv/bin/pipexctl --version), kernel for the guest: $(ls /boot/vmlinuz-* | tail -1))"

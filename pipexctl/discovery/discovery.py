@@ -277,6 +277,15 @@ class Discovery:
                 ev += self.tracker.observe_data_path(c.instance, c.call_id, "kernel")
         return ev
 
+    def poll(self, reconcile: bool = True, control: bool = False) -> list[Event]:
+        """One step of following: new log lines, and optionally /proc + kernel (+ control)."""
+        ev = self._read_logs()
+        if reconcile:
+            if control:
+                ev += self._reconcile_control()
+            ev += self._reconcile_proc() + self._reconcile_kernel()
+        return ev
+
     def refresh(self, control: bool = True) -> list[Event]:
         ev = self._read_logs()
         ev += self._read_logs()  # at the end of every log: flushes a trailing pppd argv

@@ -63,6 +63,7 @@ class Lab:
     lns: Instance | None = None
     lacs: list[Instance] = field(default_factory=list)
     hello: int = 60
+    serves: list = field(default_factory=list)
 
     def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
@@ -99,8 +100,10 @@ class Lab:
         return g
 
     def write_configs(self, extra_pppd: str = "") -> None:
+        """``extra_pppd`` may use ``{sock}``: the instance's pipexctl serve socket."""
         assert self.lns is not None
-        (self.lns.dir / "options").write_text(PPP_OPTS_COMMON + "ms-dns 10.99.200.1\n" + extra_pppd)
+        (self.lns.dir / "options").write_text(
+            PPP_OPTS_COMMON + "ms-dns 10.99.200.1\n" + extra_pppd.format(sock=self.serve_socket(self.lns)))
         self.lns.dir.joinpath("xl2tpd.conf").write_text(
             self._global(None)
             + f"""
@@ -116,7 +119,8 @@ pppoptfile = {self.lns.dir}/options
 """
         )
         for lac in self.lacs:
-            (lac.dir / "options").write_text(PPP_OPTS_COMMON + "ipcp-accept-local\nipcp-accept-remote\n" + extra_pppd)
+            (lac.dir / "options").write_text(PPP_OPTS_COMMON + "ipcp-accept-local\nipcp-accept-remote\n"
+                                             + extra_pppd.format(sock=self.serve_socket(lac)))
             lac.dir.joinpath("xl2tpd.conf").write_text(
                 self._global(lac.local)
                 + f"""
@@ -132,6 +136,29 @@ pppoptfile = {lac.dir}/options
 """
             )
 
+    # ---- pipexctl serve
+    def serve_socket(self, inst: Instance) -> str:
+        return f"/run/pipexctl-{inst.ns}/serve.sock"
+
+    def serve(self, inst: Instance, *extra: str) -> subprocess.Popen:
+        """Start `pipexctl serve` in ``inst``'s namespace, following its xl2tpd."""
+        import sys
+
+        sock = self.serve_socket(inst)
+        out = open(inst.dir / "serve.log", "ab")
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", inst.ns, sys.executable, "-m", "pipexctl", "serve", "-v", "--socket", sock,
+             "--log", str(inst.log), "--control", inst.control, *extra],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.serves.append(p)
+        end = time.monotonic() + 60
+        while not os.path.exists(sock):
+            if p.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"pipexctl serve did not start: {(inst.dir / 'serve.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        return p
+
     # ---- processes
     def start(self, inst: Instance) -> None:
         offset = inst.log.stat().st_size if inst.log.exists() else 0
@@ -143,8 +170,8 @@ pppoptfile = {lac.dir}/options
         )
         self.wait_log(inst, "Listening on IP address", timeout=15, offset=offset)
 
-    def start_all(self) -> None:
-        self.write_configs()
+    def start_all(self, extra_pppd: str = "") -> None:
+        self.write_configs(extra_pppd)
         assert self.lns is not None
         self.start(self.lns)
         for lac in self.lacs:
@@ -205,6 +232,14 @@ pppoptfile = {lac.dir}/options
         return out
 
     def teardown(self) -> None:
+        for p in self.serves:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         for inst in [*self.lacs, *( [self.lns] if self.lns else [])]:
             self.kill(inst)
             if inst.log_file:
@@ -223,6 +258,8 @@ pppoptfile = {lac.dir}/options
         for inst in [*( [self.lns] if self.lns else []), *self.lacs]:
             if inst.log.exists():
                 shutil.copy(inst.log, dest / f"{inst.name}-{'kernel' if self.kernel_mode else 'user'}.log")
+            if (inst.dir / "serve.log").exists():
+                shutil.copy(inst.dir / "serve.log", dest / f"{inst.name}-serve.log")
 
 
 def _xl2tpd_pid(inst: Instance) -> int:

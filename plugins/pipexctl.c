@@ -1,0 +1,319 @@
+/*
+ * pipexctl.so -- a pppd plugin that takes its PPP channel from `pipexctl serve`.
+ *
+ * xl2tpd (userspace mode) starts pppd on a pty.  With `plugin pipexctl.so` in
+ * pppd's options file, this plugin asks the pipexctl daemon (a unix socket,
+ * root only) for the call's channel: a PPPoL2TP socket connected to a kernel
+ * L2TP session that the daemon created for this pppd's call.  The socket
+ * arrives over SCM_RIGHTS and becomes pppd's channel, so pppd never opens the
+ * pty and PPP data goes UDP -> kernel -> pppN.
+ *
+ * If the daemon is absent or refuses, the plugin logs why and pppd continues
+ * on the pty, unless `pipexctl_required` is set: then pppd stops.
+ *
+ * Options (one table, below):
+ *   pipexctl_socket PATH   the daemon's socket (default /run/pipexctl/serve.sock)
+ *   pipexctl_timeout SECS  how long to wait for the daemon (default 5)
+ *   pipexctl_required      fail instead of falling back to the pty
+ *
+ * Built against Debian's ppp-dev (pppd 2.4.9); the few API differences of
+ * pppd 2.5 are behind PPP_API_25 (see plugins/Makefile).
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <linux/if_pppox.h>
+#include <linux/ppp_defs.h>
+
+#ifdef PPP_API_25
+#include <pppd/pppd.h>
+#include <pppd/options.h>
+#define PX_VERSION PPPD_VERSION
+typedef struct option px_option_t;
+#define PX_IFNAME() ppp_ifname()
+#else
+#include <pppd/pppd.h>
+#define PX_VERSION VERSION
+typedef option_t px_option_t;
+#define PX_IFNAME() ifname
+#endif
+
+char pppd_version[] = PX_VERSION;
+
+/* a static buffer (OPT_STATIC): pppd frees a non-static o_string's old value */
+static char px_socket[108] = "/run/pipexctl/serve.sock";
+static int px_timeout = 5;
+static bool px_required = 0;
+
+static px_option_t px_options[] = {
+	{ "pipexctl_socket", o_string, px_socket,
+	  "Unix socket of pipexctl serve", OPT_PRIO | OPT_STATIC, NULL, sizeof(px_socket) },
+	{ "pipexctl_timeout", o_int, &px_timeout,
+	  "Seconds to wait for pipexctl serve", OPT_PRIO | OPT_LLIMIT, NULL, 0, 1 },
+	{ "pipexctl_required", o_bool, &px_required,
+	  "Fail when pipexctl cannot provide the channel", OPT_PRIO | 1 },
+	{ NULL }
+};
+
+static struct channel *px_fallback;	/* the channel pppd had (tty) */
+static int px_fd = -1;			/* the PPPoL2TP socket */
+static int px_mtu;
+
+/* Read the whole reply line and the fd that came with it. */
+static int px_recv(int s, char *buf, size_t len, int *fd)
+{
+	struct msghdr msg;
+	struct iovec iov;
+	union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } ctl;
+	struct cmsghdr *c;
+	struct pollfd p = { .fd = s, .events = POLLIN };
+	ssize_t n;
+
+	*fd = -1;
+	if (poll(&p, 1, px_timeout * 1000) != 1) {
+		errno = ETIMEDOUT;
+		return -1;
+	}
+	memset(&msg, 0, sizeof(msg));
+	iov.iov_base = buf;
+	iov.iov_len = len - 1;
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = ctl.b;
+	msg.msg_controllen = sizeof(ctl.b);
+	n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+	if (n <= 0) {
+		if (n == 0)
+			errno = ECONNRESET;
+		return -1;
+	}
+	buf[n] = 0;
+	for (c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+		    c->cmsg_len == CMSG_LEN(sizeof(int)))
+			memcpy(fd, CMSG_DATA(c), sizeof(int));
+	return 0;
+}
+
+/* A number after "key": in the daemon's one-line JSON reply, or -1. */
+static long px_json_int(const char *buf, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(buf, pat);
+	if (!p)
+		return -1;
+	p += strlen(pat);
+	while (*p == ' ')
+		p++;
+	return strtol(p, NULL, 10);
+}
+
+/* Ask the daemon for our channel; 0 and px_fd set on success. */
+static int px_request(char *why, size_t whylen)
+{
+	struct sockaddr_un sa;
+	char req[128], rep[1024];
+	int s, fd = -1;
+	long sid;
+	struct sockaddr_storage addr;
+	socklen_t alen = sizeof(addr);
+	struct stat st;
+
+	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0) {
+		snprintf(why, whylen, "socket: %s", strerror(errno));
+		return -1;
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sun_family = AF_UNIX;
+	if (strlen(px_socket) >= sizeof(sa.sun_path)) {
+		snprintf(why, whylen, "socket path too long");
+		close(s);
+		return -1;
+	}
+	strcpy(sa.sun_path, px_socket);
+	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		snprintf(why, whylen, "cannot reach %s: %s", px_socket, strerror(errno));
+		close(s);
+		return -1;
+	}
+	/* the daemon identifies us by SO_PEERCRED; the pid here is informational */
+	snprintf(req, sizeof(req), "{\"op\": \"channel\", \"pid\": %d}\n", (int)getpid());
+	if (write(s, req, strlen(req)) != (ssize_t)strlen(req)) {
+		snprintf(why, whylen, "write to %s: %s", px_socket, strerror(errno));
+		close(s);
+		return -1;
+	}
+	if (px_recv(s, rep, sizeof(rep), &fd) < 0) {
+		snprintf(why, whylen, "no reply from %s: %s", px_socket, strerror(errno));
+		close(s);
+		return -1;
+	}
+	close(s);
+	if (!strstr(rep, "\"ok\": true")) {
+		const char *e = strstr(rep, "\"error\": \"");
+		snprintf(why, whylen, "pipexctl refused: %.200s", e ? e + 10 : rep);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	/* validate before use: a PPPoX socket bound to the session we were told */
+	sid = px_json_int(rep, "session_id");
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+		snprintf(why, whylen, "reply carried no socket");
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	memset(&addr, 0, sizeof(addr));
+	if (getsockname(fd, (struct sockaddr *)&addr, &alen) < 0 || addr.ss_family != AF_PPPOX) {
+		snprintf(why, whylen, "received fd is not an AF_PPPOX socket");
+		close(fd);
+		return -1;
+	}
+	if (sid <= 0) {
+		snprintf(why, whylen, "reply has no session id");
+		close(fd);
+		return -1;
+	}
+	px_mtu = (int)px_json_int(rep, "mtu");
+	px_fd = fd;
+	info("pipexctl: kernel channel for tunnel %ld session %ld (peer %ld/%ld)",
+	     px_json_int(rep, "tunnel_id"), sid, px_json_int(rep, "peer_tunnel_id"),
+	     px_json_int(rep, "peer_session_id"));
+	return 0;
+}
+
+static void px_process_extra_options(void)
+{
+	if (px_fallback && px_fallback->process_extra_options)
+		px_fallback->process_extra_options();
+}
+
+/* xl2tpd hands pppd the pty as stdin/stdout; with a kernel channel pppd
+ * must not keep it: point those fds at /dev/null. */
+static void px_release_pty(void)
+{
+	int fd, nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+	if (nul < 0)
+		return;
+	for (fd = 0; fd <= 1; fd++)
+		if (isatty(fd))
+			dup2(nul, fd);
+	if (nul > 2)
+		close(nul);
+}
+
+static void px_check_options(void)
+{
+	char why[320];
+
+	if (px_request(why, sizeof(why)) == 0) {
+		px_release_pty();
+		return;
+	}
+	if (px_required)
+		fatal("pipexctl: %s (pipexctl_required is set)", why);
+	warn("pipexctl: %s; continuing on the pty", why);
+	if (!px_fallback)
+		fatal("pipexctl: no channel to fall back to");
+	the_channel = px_fallback;
+	if (the_channel->check_options)
+		the_channel->check_options();
+}
+
+static int px_connect(void)
+{
+	if (px_fd < 0) {
+		error("pipexctl: no kernel channel");
+		return -1;
+	}
+	return px_fd;
+}
+
+static void px_disconnect(void)
+{
+	if (px_fd >= 0) {
+		close(px_fd);
+		px_fd = -1;
+	}
+}
+
+static void px_send_config(int mtu, u_int32_t accm, int pcomp, int accomp)
+{
+	struct ifreq ifr;
+	int fd;
+
+	(void)accm; (void)pcomp; (void)accomp;
+	if (px_mtu > 0 && mtu > px_mtu)
+		mtu = px_mtu;
+	fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	memset(&ifr, 0, sizeof(ifr));
+	strncpy(ifr.ifr_name, PX_IFNAME(), sizeof(ifr.ifr_name) - 1);
+	ifr.ifr_mtu = mtu;
+	if (ioctl(fd, SIOCSIFMTU, &ifr) < 0)
+		error("pipexctl: cannot set MTU %d on %s: %m", mtu, PX_IFNAME());
+	close(fd);
+}
+
+static void px_recv_config(int mru, u_int32_t accm, int pcomp, int accomp)
+{
+	(void)mru; (void)accm; (void)pcomp; (void)accomp;
+}
+
+static void px_close(void)
+{
+	/* in forked children (scripts): they must not hold the channel */
+	if (px_fd >= 0)
+		close(px_fd);
+}
+
+static struct channel px_channel = {
+	.options = NULL,
+	.process_extra_options = px_process_extra_options,
+	.check_options = px_check_options,
+	.connect = px_connect,
+	.disconnect = px_disconnect,
+	.establish_ppp = generic_establish_ppp,
+	.disestablish_ppp = generic_disestablish_ppp,
+	.send_config = px_send_config,
+	.recv_config = px_recv_config,
+	.cleanup = NULL,
+	.close = px_close,
+};
+
+void plugin_init(void)
+{
+	int s;
+
+	/* probe the kernel at load: without PPPoL2TP there is nothing to offer */
+	s = socket(AF_PPPOX, SOCK_DGRAM, PX_PROTO_OL2TP);
+	if (s < 0) {
+		if (px_required)
+			fatal("pipexctl: kernel has no PPPoL2TP (modprobe l2tp_ppp): %m");
+		warn("pipexctl: kernel has no PPPoL2TP (modprobe l2tp_ppp): %m; staying on the pty");
+		add_options(px_options);
+		return;
+	}
+	close(s);
+	add_options(px_options);
+	px_fallback = the_channel;
+	the_channel = &px_channel;
+}

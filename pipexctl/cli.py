@@ -601,11 +601,13 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
               help="Unix socket the pppd plugin connects to (0600, in a 0700 directory).")
 @click.option("--wait", default=5.0, show_default=True, help="Seconds to wait for a pppd's call to show in discovery.")
 @click.option("--xl2tpd-port", default=1701, show_default=True, help="UDP port xl2tpd listens on.")
+@click.option("--reconcile-interval", default=5.0, show_default=True,
+              help="Seconds between /proc and kernel checks (the logs are followed continuously).")
 @click.option("-v", "--verbose", is_flag=True, help="Log each offload and removal to stderr.")
 @click.pass_obj
 @boundary
 def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socket_path, wait, xl2tpd_port,
-          verbose) -> None:
+          reconcile_interval, verbose) -> None:
     """Offload userspace-mode xl2tpd calls: hand pppd a kernel channel.
 
     pppd loads the plugin (`plugin pipexctl.so` in xl2tpd's pppd options file);
@@ -627,7 +629,8 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="pipexctl serve: %(message)s")
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
     backend = NetlinkBackend(netns=app.netns)
-    srv = OffloadServer(socket_path, d, backend, Nft(netns=app.netns), wait=wait, xl2tpd_port=xl2tpd_port)
+    srv = OffloadServer(socket_path, d, backend, Nft(netns=app.netns), wait=wait, xl2tpd_port=xl2tpd_port,
+                        reconcile_interval=reconcile_interval)
     for sig in (_signal.SIGTERM, _signal.SIGINT):
         _signal.signal(sig, lambda *_: srv.stop.set())
     try:

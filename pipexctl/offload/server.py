@@ -66,9 +66,14 @@ def _proc_comm(pid: int) -> Optional[tuple[str, int]]:
 
 class OffloadServer:
     def __init__(self, socket_path: str, discovery: Discovery, backend, nft: Nft, *,
-                 wait: float = 5.0, xl2tpd_port: int = 1701) -> None:
+                 wait: float = 5.0, xl2tpd_port: int = 1701, log_interval: float = 0.2,
+                 reconcile_interval: float = 5.0) -> None:
         self.socket_path, self.d, self.backend, self.nft = socket_path, discovery, backend, nft
         self.wait, self.xl2tpd_port = wait, xl2tpd_port
+        # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
+        # that the data path needs), so they run rarely, and on demand while a
+        # pppd waits for its channel.
+        self.log_interval, self.reconcile_interval = log_interval, reconcile_interval
         self.lock = threading.RLock()
         self.tunnels: dict[tuple[str, int], TunnelState] = {}
         self.stop = threading.Event()
@@ -125,16 +130,15 @@ class OffloadServer:
                 log.warning("%s", e)
 
     def _watch(self) -> None:
-        last = 0.0
-        while not self.stop.is_set():
+        last = time.monotonic()
+        while not self.stop.wait(self.log_interval):
             now = time.monotonic()
+            full = now - last >= self.reconcile_interval
             with self.lock:
-                ev = self.d.poll(reconcile=now - last >= 0.5)
-                if now - last >= 0.5:
-                    last = now
-                for e in ev:
+                for e in self.d.poll(reconcile=full):
                     self._on_event(e)
-            time.sleep(0.05)
+            if full:
+                last = now
 
     def _on_event(self, e) -> None:
         if isinstance(e, CallDown):
@@ -230,13 +234,16 @@ class OffloadServer:
 
     def _wait_for_call(self, pid: int) -> Optional[CallInfo]:
         end = time.monotonic() + self.wait
+        n = 0
         while time.monotonic() < end:
             with self.lock:
-                for ev in self.d.poll(reconcile=True):
+                # the LNS logs the pppd PID (log only); the LAC's PID needs /proc
+                for ev in self.d.poll(reconcile=n % 4 == 0):
                     self._on_event(ev)
                 for c in self.d.tracker.calls():
                     if c.pppd_pid == pid and None not in (c.tunnel_id, c.peer_tunnel_id, c.peer_call_id):
                         return c.model_copy()
+            n += 1
             time.sleep(0.05)
         return None
 

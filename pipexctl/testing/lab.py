@@ -103,7 +103,8 @@ class Lab:
         """``extra_pppd`` may use ``{sock}``: the instance's pipexctl serve socket."""
         assert self.lns is not None
         (self.lns.dir / "options").write_text(
-            PPP_OPTS_COMMON + "ms-dns 10.99.200.1\n" + extra_pppd.format(sock=self.serve_socket(self.lns)))
+            PPP_OPTS_COMMON + f"logfile {self.lns.dir}/pppd.log\nms-dns 10.99.200.1\n"
+            + extra_pppd.format(sock=self.serve_socket(self.lns)))
         self.lns.dir.joinpath("xl2tpd.conf").write_text(
             self._global(None)
             + f"""
@@ -119,7 +120,8 @@ pppoptfile = {self.lns.dir}/options
 """
         )
         for lac in self.lacs:
-            (lac.dir / "options").write_text(PPP_OPTS_COMMON + "ipcp-accept-local\nipcp-accept-remote\n"
+            (lac.dir / "options").write_text(PPP_OPTS_COMMON + f"logfile {lac.dir}/pppd.log\n"
+                                             + "ipcp-accept-local\nipcp-accept-remote\n"
                                              + extra_pppd.format(sock=self.serve_socket(lac)))
             lac.dir.joinpath("xl2tpd.conf").write_text(
                 self._global(lac.local)
@@ -258,8 +260,9 @@ pppoptfile = {lac.dir}/options
         for inst in [*( [self.lns] if self.lns else []), *self.lacs]:
             if inst.log.exists():
                 shutil.copy(inst.log, dest / f"{inst.name}-{'kernel' if self.kernel_mode else 'user'}.log")
-            if (inst.dir / "serve.log").exists():
-                shutil.copy(inst.dir / "serve.log", dest / f"{inst.name}-serve.log")
+            for extra in ("serve.log", "pppd.log"):
+                if (inst.dir / extra).exists():
+                    shutil.copy(inst.dir / extra, dest / f"{inst.name}-{extra}")
 
 
 def _xl2tpd_pid(inst: Instance) -> int:

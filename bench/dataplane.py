@@ -1,0 +1,129 @@
+"""Data-plane benchmark, run inside the guest: iperf3 over PPP through
+(b) xl2tpd userspace mode (pty), (c) xl2tpd kernel mode (pppol2tp.so),
+(d) pipexctl offload of a userspace-mode xl2tpd, and (a) the bare veth.
+
+Every case in the same boot, side by side.  Not a test: it asserts nothing.
+
+    python -m pipexctl.testing.vm -- .venv/bin/python bench/dataplane.py --runs 3 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipexctl.testing.lab import Lab  # noqa: E402
+
+PLUGIN = str(Path(__file__).resolve().parent.parent / "plugins" / "pipexctl.so")
+
+
+def sh(*c: str) -> str:
+    r = subprocess.run(list(c), capture_output=True, text=True)
+    return (r.stdout + r.stderr).strip()
+
+
+def iperf(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1, reverse: bool = False) -> float:
+    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        args = ["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-t", str(seconds), "-P", str(streams), "-J"]
+        if reverse:
+            args.append("-R")
+        out = sh(*args)
+        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+    finally:
+        try:
+            srv.wait(30)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+
+def wait_ppp(ns: str, timeout: float = 40) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if "10.99.100." in sh("ip", "-n", ns, "-br", "addr"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def run_case(case: str, runs: int, seconds: int) -> dict:
+    kernel = case == "c-xl2tpd-kernel"
+    lab = Lab(kernel_mode=kernel).setup(1)
+    try:
+        extra = f"plugin {PLUGIN}\npipexctl_socket {{sock}}\npipexctl_required\n" if case == "d-pipexctl" else ""
+        lab.write_configs(extra)
+        lac = lab.lacs[0]
+        for ns, dev in ((lab.lns.ns, "l1"), (lac.ns, "v0")):
+            sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off")
+            sh("ip", "-n", ns, "link", "set", dev, "mtu", "1400") if case == "a-veth" else None
+        lab.start(lab.lns)
+        lab.start(lac)
+        if case == "a-veth":
+            addr = "10.99.1.1"
+        else:
+            if case == "d-pipexctl":
+                lab.serve(lab.lns)
+                lab.serve(lac)
+            lab.connect(lac)
+            if not (wait_ppp(lab.lns.ns) and wait_ppp(lac.ns)):
+                return {"error": "PPP did not come up"}
+            time.sleep(1)
+            addr = "10.99.100.1"
+        def cpu(procs):
+            tot = 0
+            for pr in procs:
+                try:
+                    f = open(f"/proc/{pr.pid}/stat").read().rsplit(")", 1)[1].split()
+                    tot += int(f[11]) + int(f[12])
+                except OSError:
+                    pass
+            return tot
+        c0 = cpu(lab.serves)
+        fwd = [iperf(lab.lns.ns, lac.ns, addr, seconds) for _ in range(runs)]
+        rev = [iperf(lab.lns.ns, lac.ns, addr, seconds, reverse=True) for _ in range(runs)]
+        res = {"forward": fwd, "reverse": rev, "serve_cpu_ticks": cpu(lab.serves) - c0}
+        if case != "a-veth":
+            res["ppp_fds_lns"] = sorted(os.readlink(f"/proc/{p}/fd/{f}") for p in lab.pppds(lab.lns)
+                                        for f in os.listdir(f"/proc/{p}/fd") if "pts" in os.readlink(f"/proc/{p}/fd/{f}"))
+            res["kernel_sessions_lns"] = sh("ip", "-n", lab.lns.ns, "l2tp", "show", "session").count("Session ")
+            res["status_lns"] = sh("xl2tpd-control", "-d", "-c", lab.lns.control, "status-lns", "default")[-400:]
+        if case == "d-pipexctl":
+            res["nft"] = sh("ip", "netns", "exec", lab.lns.ns, "nft", "list", "table", "ip", "pipexctl")
+        return res
+    finally:
+        if os.environ.get("PIPEXCTL_RESULTS"):
+            lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
+        lab.teardown()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seconds", type=int, default=10)
+    p.add_argument("--cases", default="a-veth,b-xl2tpd-pty,c-xl2tpd-kernel,d-pipexctl")
+    p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "dataplane.json"))
+    a = p.parse_args()
+    results = {"kernel": os.uname().release, "cpus": os.cpu_count(), "seconds": a.seconds, "cases": {}}
+    for case in a.cases.split(","):
+        results["cases"][case] = r = run_case(case, a.runs, a.seconds)
+        if "forward" in r:
+            print(f"{case:18} fwd min/med/max {min(r['forward']):7.1f} {statistics.median(r['forward']):7.1f} "
+                  f"{max(r['forward']):7.1f}  rev {statistics.median(r['reverse']):7.1f} Mbit/s", flush=True)
+        else:
+            print(case, r, flush=True)
+    Path(a.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

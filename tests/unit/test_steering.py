@@ -1,0 +1,65 @@
+"""The nftables steering transaction: shape, and accepted by nft's own parser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+from pipexctl.offload.steering import Steer, delete_table, ruleset
+
+A = Steer("10.99.1.1", "10.99.1.2", 1701, 40000, 0x1234, 0x5678)
+B = Steer("10.99.1.1", "10.99.1.2", 1701, 40000, 0x1234, 0x9999)
+C = Steer("10.99.1.1", "10.99.2.2", 1701, 40001, 0x4321, 0x0001)
+
+
+def rules(doc):
+    return [c["add"]["rule"] for c in doc["nftables"] if "add" in c and "rule" in c["add"]]
+
+
+def test_empty_ruleset_is_a_flushed_table_with_two_raw_chains():
+    doc = ruleset([])
+    kinds = [next(iter(c)) for c in doc["nftables"][1:]]
+    assert kinds == ["add", "flush", "add", "add"]
+    chains = [c["add"]["chain"] for c in doc["nftables"] if "add" in c and "chain" in c["add"]]
+    assert [(c["hook"], c["prio"]) for c in chains] == [("prerouting", -300), ("output", -300)]
+    assert rules(doc) == []
+
+
+def _matches(rule):
+    out = {}
+    for e in rule["expr"]:
+        if "match" in e:
+            left = e["match"]["left"]["payload"]
+            key = left.get("field") and f"{left['protocol']}.{left['field']}" or f"th@{left['offset']}/{left['len']}"
+            out[key] = e["match"]["right"]
+    return out
+
+
+def test_per_session_rules_both_l_bit_offsets_and_one_output_rule_per_tunnel():
+    rs = rules(ruleset([A, B, C]))
+    pre = [r for r in rs if r["chain"] == "pre"]
+    out = [r for r in rs if r["chain"] == "out"]
+    assert len(pre) == 6 and len(out) == 2
+    m = [_matches(r) for r in pre if r["comment"].startswith("t4660 s22136")]
+    assert len(m) == 2
+    no_l = next(x for x in m if x["th@65/1"] == 0)
+    with_l = next(x for x in m if x["th@65/1"] == 1)
+    assert no_l["th@64/1"] == 0 and with_l["th@64/1"] == 0  # data only: T bit clear
+    assert (no_l["th@80/16"], no_l["th@96/16"]) == (0x1234, 0x5678)
+    assert (with_l["th@96/16"], with_l["th@112/16"]) == (0x1234, 0x5678)
+    assert no_l["ip.saddr"] == "10.99.1.2" and no_l["udp.sport"] == 1701 and no_l["udp.dport"] == 1701
+    mangles = [e["mangle"] for e in pre[0]["expr"] if "mangle" in e]
+    assert [(x["key"]["payload"]["field"], x["value"]) for x in mangles] == [("dport", 40000), ("checksum", 0)]
+    assert any("notrack" in e for e in pre[0]["expr"])
+    o = _matches(out[0])
+    assert (o["ip.saddr"], o["udp.sport"], o["udp.dport"]) == ("10.99.1.1", 40000, 1701)
+    assert [e["mangle"]["value"] for e in out[0]["expr"] if "mangle" in e] == [1701]
+
+
+def test_nft_accepts_the_transactions():
+    nft = shutil.which("nft")
+    assert nft, "nft is needed (make setup installs nftables)"
+    for doc in (ruleset([A, B, C]), ruleset([]), delete_table()):
+        r = subprocess.run([nft, "-c", "-j", "-f", "-"], input=json.dumps(doc), capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr

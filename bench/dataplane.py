@@ -20,9 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipexctl.testing.lab import Lab  # noqa: E402
-
-PLUGIN = str(Path(__file__).resolve().parent.parent / "plugins" / "pipexctl.so")
+from pipexctl.testing.lab import Lab, iperf, plugin_options, wait_ppp  # noqa: E402
 
 
 def sh(*c: str) -> str:
@@ -30,37 +28,11 @@ def sh(*c: str) -> str:
     return (r.stdout + r.stderr).strip()
 
 
-def iperf(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1, reverse: bool = False) -> float:
-    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        args = ["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-t", str(seconds), "-P", str(streams), "-J"]
-        if reverse:
-            args.append("-R")
-        out = sh(*args)
-        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
-    finally:
-        try:
-            srv.wait(30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-
-
-def wait_ppp(ns: str, timeout: float = 40) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if "10.99.100." in sh("ip", "-n", ns, "-br", "addr"):
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def run_case(case: str, runs: int, seconds: int) -> dict:
     kernel = case == "c-xl2tpd-kernel"
     lab = Lab(kernel_mode=kernel).setup(1)
     try:
-        extra = f"plugin {PLUGIN}\npipexctl_socket {{sock}}\npipexctl_required\n" if case == "d-pipexctl" else ""
+        extra = plugin_options() if case == "d-pipexctl" else ""
         lab.write_configs(extra)
         lac = lab.lacs[0]
         for ns, dev in ((lab.lns.ns, "l1"), (lac.ns, "v0")):

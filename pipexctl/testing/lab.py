@@ -270,3 +270,45 @@ def _xl2tpd_pid(inst: Instance) -> int:
         return int(Path(inst.pidfile).read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return inst.proc.pid if inst.proc else -1
+
+
+def plugin_path() -> str:
+    """The pppd plugin built in the checkout (plugins/pipexctl.so)."""
+    return str(Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.so")
+
+
+def plugin_options(required: bool = True) -> str:
+    """pppd options that load the plugin; ``{sock}`` is filled in per instance."""
+    return f"plugin {plugin_path()}\npipexctl_socket {{sock}}\n" + ("pipexctl_required\n" if required else "")
+
+
+def wait_ppp(ns: str, timeout: float = 40) -> bool:
+    """Wait until IPCP gave ``ns`` an address in the lab's PPP range."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        out = subprocess.run(["ip", "-n", ns, "-br", "addr"], capture_output=True, text=True).stdout
+        if "10.99.100." in out:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def iperf(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1, reverse: bool = False) -> float:
+    """iperf3 TCP throughput in Mbit/s (received), server in ``server_ns``."""
+    import json
+
+    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        args = ["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-t", str(seconds), "-P", str(streams), "-J"]
+        if reverse:
+            args.append("-R")
+        out = subprocess.run(args, capture_output=True, text=True).stdout
+        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+    finally:
+        try:
+            srv.wait(30)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+

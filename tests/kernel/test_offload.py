@@ -178,7 +178,7 @@ def test_killed_pppd_and_killed_daemon_leave_nothing(lab):
     wait_until(lambda: nft_rules(lab.lns.ns) == [], "rules gone after pppd kill")
     # a new call, then the daemon is killed outright
     lab.connect(l1)
-    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1, "offloaded again")
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and nft_rules(lab.lns.ns), "offloaded again")
     os.killpg(srv.pid, signal.SIGKILL)
     srv.wait(10)
     # its sockets are gone, so the kernel tunnel and session are too

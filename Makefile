@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-kernel clean
+.PHONY: setup demo test test-unit test-kernel bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,6 +20,10 @@ test-unit: setup
 
 test-kernel: setup
 	$(PY) -m pytest -m kernel $(PYTEST_ARGS)
+
+# Data-plane benchmark in one guest boot (not a test; asserts nothing).
+bench: setup
+	$(PY) bench/run.py
 
 clean:
 	rm -rf .venv build .pytest_cache

@@ -103,6 +103,7 @@ def ruleset(steers: Iterable[Steer]) -> dict:
             _match(_field("udp", "dport"), pport),
             {"counter": None},
             _mangle("udp", "sport", s.l2tp_port),
+            _mangle("udp", "checksum", 0),  # the socket sends none (SO_NO_CHECK): keep it 0 after the rewrite
             {"notrack": None},
         ], f"t{s.tunnel_id}"))
     return {"nftables": [{"metainfo": {"json_schema_version": 1}}] + cmds}

@@ -54,7 +54,7 @@ def test_per_session_rules_both_l_bit_offsets_and_one_output_rule_per_tunnel():
     assert any("notrack" in e for e in pre[0]["expr"])
     o = _matches(out[0])
     assert (o["ip.saddr"], o["udp.sport"], o["udp.dport"]) == ("10.99.1.1", 40000, 1701)
-    assert [e["mangle"]["value"] for e in out[0]["expr"] if "mangle" in e] == [1701]
+    assert [e["mangle"]["value"] for e in out[0]["expr"] if "mangle" in e] == [1701, 0]
 
 
 def test_nft_accepts_the_transactions():

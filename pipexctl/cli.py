@@ -338,14 +338,12 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
     if fd_to and pw != "ppp":
         raise errors.InvalidArgumentError("--fd-to hands over a PPPoL2TP socket: it needs --pw ppp")
 
-    hand_off = None
-    if fd_to:
+    def hand_off(channel, meta):
         from .kernel.pppol2tp import send_fd
 
-        def hand_off(channel, meta):
-            send_fd(fd_to, channel.fileno(), meta_bytes({**meta, **framed}))
+        send_fd(fd_to, channel.fileno(), meta_bytes({**meta, **framed}))
 
-    r = app.orch.add_session(sspec, tspec, connect_ppp=bool(fd_to), hand_off=hand_off)
+    r = app.orch.add_session(sspec, tspec, connect_ppp=bool(fd_to), hand_off=hand_off if fd_to else None)
     if as_json:
         _emit_json(
             {

@@ -154,11 +154,9 @@ class Tracker:
     def _tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
         have = ins.tunnels.get(t.tunnel_id)
         if have is not None:
-            changed = False
             for f in ("section", "peer_tunnel_id", "peer_port", "role"):
                 if getattr(have, f) in (None, "unknown") and getattr(t, f) not in (None, "unknown"):
                     setattr(have, f, getattr(t, f))
-                    changed = True
             for s in t.sources:
                 if s not in have.sources:
                     have.sources.append(s)
@@ -324,9 +322,7 @@ class Tracker:
                 m = [c.call_id for c in ins.calls.values() if c.serial == rec.serial and c.peer == rec.peer]
                 return self._call_down(ins, m[0], rec.reason or "call closed") if len(m) == 1 else []
             return []
-        if isinstance(rec, lp.PppdTerminating):
-            m = [c for c in ins.calls.values() if c.pppd_pid == rec.pppd_pid]
-            return []
+        # PppdTerminating and the rest carry nothing the model needs
         return []
 
     # ---- facts from other sources

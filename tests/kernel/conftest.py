@@ -17,6 +17,24 @@ from pipexctl.orchestrator import Orchestrator
 from pipexctl import netns
 
 
+@pytest.fixture(params=["userspace", "kernel"])
+def lab(request):
+    """An xl2tpd LNS and two LACs, in xl2tpd's userspace and kernel mode."""
+    import os
+    from pathlib import Path
+
+    from pipexctl.testing.lab import Lab
+
+    lab = Lab(kernel_mode=request.param == "kernel").setup(2)
+    try:
+        lab.start_all()
+        yield lab
+    finally:
+        if os.environ.get("PIPEXCTL_RESULTS"):
+            lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
+        lab.teardown()
+
+
 @pytest.fixture
 def pair():
     p = netns.Pair().up()
@@ -86,3 +104,38 @@ def link_stats(ns: str, dev: str) -> dict:
     st = json.loads(out)[0]["stats64"]
     return {"rx_packets": st["rx"]["packets"], "tx_packets": st["tx"]["packets"],
             "rx_bytes": st["rx"]["bytes"], "tx_bytes": st["tx"]["bytes"]}
+
+
+def wait_until(pred, what: str, timeout: float = 60, detail=lambda: "") -> None:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}{detail()}")
+
+
+class Watcher:
+    """Runs Discovery.events() in a thread and collects what it yields."""
+
+    def __init__(self, discovery, limit: float = 240) -> None:
+        import threading
+        import time
+
+        self.d, self.got, self._stop = discovery, [], threading.Event()
+        self._t = threading.Thread(target=self._run, args=(time.monotonic() + limit,), daemon=True)
+        self._t.start()
+
+    def _run(self, until: float) -> None:
+        for e in self.d.events(poll=0.1, reconcile_every=0.5, until=until, stop=self._stop):
+            self.got.append(e)
+
+    def wait_for(self, pred, what: str, timeout: float = 60) -> None:
+        wait_until(pred, what, timeout, lambda: f"; events: {[e.event for e in self.got]}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join(10)
+        self.d.close()

@@ -11,29 +11,15 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
 from pipexctl.discovery.discovery import Discovery
-from pipexctl.testing.lab import Lab
 
-from .conftest import ip_l2tp
+from .conftest import Watcher, ip_l2tp
 
 pytestmark = pytest.mark.kernel
-
-
-@pytest.fixture(params=["userspace", "kernel"])
-def lab(request):
-    lab = Lab(kernel_mode=request.param == "kernel").setup(2)
-    try:
-        lab.start_all()
-        yield lab
-    finally:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            lab.keep_logs(__import__("pathlib").Path(os.environ["PIPEXCTL_RESULTS"]))
-        lab.teardown()
 
 
 def xl2tpd_control_status(lab) -> dict[int, list[int]]:
@@ -102,25 +88,8 @@ def test_watch_events_once_in_order(lab):
     l1, l2 = lab.lacs
     lab.connect(l1)
     lab.wait_log(lab.lns, "Call established", count=1)
-    d = Discovery([str(lab.lns.log)], [lab.lns.control], netns=lab.lns.ns)
-    got: list = []
-    stop = threading.Event()
-
-    def run():
-        for e in d.events(poll=0.1, reconcile_every=0.5, until=time.monotonic() + 240, stop=stop):
-            got.append(e)
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-
-    def wait_for(pred, what, timeout=60):
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if pred():
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"no {what}; events: {[e.event for e in got]}")
-
+    w = Watcher(Discovery([str(lab.lns.log)], [lab.lns.control], netns=lab.lns.ns))
+    got, wait_for = w.got, w.wait_for
     wait_for(lambda: [e.event for e in got][:2] == ["TunnelUp", "CallUp"], "initial state")
     first = got[1].call
     # a second LAC comes and goes
@@ -135,9 +104,7 @@ def test_watch_events_once_in_order(lab):
     # the LNS xl2tpd is killed outright (no log line): /proc tells
     lab.kill(lab.lns, signal.SIGKILL)
     wait_for(lambda: any(e.event == "TunnelDown" and e.tunnel.tunnel_id == first.tunnel_id for e in got), "TunnelDown lac1")
-    stop.set()
-    th.join(10)
-    d.close()
+    w.stop()
     seq = [(e.event, getattr(e, "call", None) and e.call.call_id, getattr(e, "tunnel", None) and e.tunnel.tunnel_id)
            for e in got if e.event != "CallUpdated"]
     print("\n".join(map(str, seq)))

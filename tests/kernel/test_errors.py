@@ -11,7 +11,6 @@ from pipexctl import errors
 from pipexctl.cli import AppContext, cli
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.model import Endpoint, PwType, SessionSpec, TunnelSpec
-from pipexctl import netns
 
 from .conftest import ip_l2tp
 

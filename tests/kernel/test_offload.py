@@ -10,17 +10,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from pipexctl.testing.lab import Lab
 
-from .conftest import ip_l2tp
+from .conftest import ip_l2tp, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -31,15 +29,6 @@ WITH_PLUGIN = f"plugin {PLUGIN}\npipexctl_socket {{sock}}\npipexctl_required\n"
 def sh(*c):
     r = subprocess.run(list(c), capture_output=True, text=True)
     return r.stdout + r.stderr
-
-
-def wait_until(pred, what, timeout=60):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def ppp_up(ns):

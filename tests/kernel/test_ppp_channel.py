@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from pipexctl.cli import AppContext, cli
 from pipexctl.kernel import uapi
 from pipexctl.kernel.backend import NetlinkBackend
-from pipexctl.kernel.pppol2tp import PPPoL2TPSocket, udp_socket
+from pipexctl.kernel.pppol2tp import udp_socket
 from pipexctl.model import PwType, SessionSpec, TunnelSpec
 from pipexctl import netns
 

@@ -180,7 +180,8 @@ class Discovery:
                 continue
             try:
                 av = s.control.available()
-                status = {name: s.control.status_lns(name) for name in av.lns or ["default"]}
+                # a LAC-only xl2tpd has no LNS section: nothing to ask status-lns about
+                status = {name: s.control.status_lns(name) for name in av.lns}
             except ControlError as e:
                 self.warnings.append(f"{s.control.pipe}: {e}")
                 continue

@@ -37,11 +37,15 @@
 #include <linux/ppp_defs.h>
 
 #ifdef PPP_API_25
+/* pppd 2.5: renamed entry points (not built here: Debian 12 ships 2.4.9) */
 #include <pppd/pppd.h>
 #include <pppd/options.h>
 #define PX_VERSION PPPD_VERSION
 typedef struct option px_option_t;
 #define PX_IFNAME() ppp_ifname()
+#define generic_establish_ppp ppp_generic_establish
+#define generic_disestablish_ppp ppp_generic_disestablish
+#define add_options ppp_add_options
 #else
 #include <pppd/pppd.h>
 #define PX_VERSION VERSION

@@ -110,6 +110,34 @@ static int px_recv(int s, char *buf, size_t len, int *fd)
 	return 0;
 }
 
+/* Send the request; with it the pty xl2tpd gave us (fd 0), if any.  The
+ * daemon keeps the pty open and drained for the life of the call: if nobody
+ * held it, xl2tpd would read EIO from its master end in a busy loop. */
+static ssize_t px_send(int s, const char *req, int fd)
+{
+	struct msghdr msg;
+	struct iovec iov;
+	union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } ctl;
+	struct cmsghdr *c;
+
+	memset(&msg, 0, sizeof(msg));
+	iov.iov_base = (void *)req;
+	iov.iov_len = strlen(req);
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	if (fd >= 0) {
+		memset(&ctl, 0, sizeof(ctl));
+		msg.msg_control = ctl.b;
+		msg.msg_controllen = sizeof(ctl.b);
+		c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	return sendmsg(s, &msg, MSG_NOSIGNAL);
+}
+
 /* A number after "key": in the daemon's one-line JSON reply, or -1. */
 static long px_json_int(const char *buf, const char *key)
 {
@@ -157,7 +185,7 @@ static int px_request(char *why, size_t whylen)
 	}
 	/* the daemon identifies us by SO_PEERCRED; the pid here is informational */
 	snprintf(req, sizeof(req), "{\"op\": \"channel\", \"pid\": %d}\n", (int)getpid());
-	if (write(s, req, strlen(req)) != (ssize_t)strlen(req)) {
+	if (px_send(s, req, isatty(0) ? 0 : -1) != (ssize_t)strlen(req)) {
 		snprintf(why, whylen, "write to %s: %s", px_socket, strerror(errno));
 		close(s);
 		return -1;

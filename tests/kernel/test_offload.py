@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,11 @@ def ping(ns, addr, count=5, size=56):
 def pty_fds(pid):
     return [os.readlink(f"/proc/{pid}/fd/{f}") for f in os.listdir(f"/proc/{pid}/fd")
             if os.readlink(f"/proc/{pid}/fd/{f}").startswith("/dev/pts")]
+
+
+def cpu_ticks(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return int(f[11]) + int(f[12])
 
 
 def nft_rules(ns):
@@ -83,9 +89,15 @@ def test_offload_both_sides(lab):
     (ls,) = [s for s in ip_l2tp(lab.lns.ns, "session")]
     (cs,) = [s for s in ip_l2tp(l1.ns, "session")]
     assert (ls["session_id"], ls["peer_session_id"]) == (cs["peer_session_id"], cs["session_id"])
-    # pppd holds no pty
+    # pppd holds no pty ...
     for pid in lab.pppds(lab.lns) + lab.pppds(l1):
         assert pty_fds(pid) == [], pid
+    # ... and xl2tpd does not spin on its pty master (it did, at ~97 % of a CPU,
+    # before the daemon held the slave end): a busy loop, not a timing target
+    t0 = [cpu_ticks(i.proc.pid) for i in (lab.lns, l1)]
+    time.sleep(2)
+    spent = [cpu_ticks(i.proc.pid) - t for i, t in zip((lab.lns, l1), t0)]
+    assert max(spent) < 50, f"xl2tpd busy-looping: {spent} ticks in 2 s"
     # traffic: ping, then a bulk transfer counted by the kernel but not by xl2tpd
     ok, out = ping(l1.ns, "10.99.100.1")
     assert ok, out

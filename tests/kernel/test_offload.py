@@ -223,3 +223,23 @@ def test_socket_refuses_what_it_must(lab):
     r = _ask(path, b'{"op": "status"}\n')
     st = json.loads(r.stdout)
     assert st["ok"] and st["stats"]["refused"] >= 5
+
+
+def test_control_channel_survives_idle_hellos(lab):
+    """xl2tpd 1.3.18 sends HELLO about every 60 s (no option to change it):
+    after 130 s idle, two HELLO rounds went through the steering untouched."""
+    lab.start_all(WITH_PLUGIN)
+    lab.serve(lab.lns)
+    l1 = lab.lacs[0]
+    lab.serve(l1)
+    lab.connect(l1)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up")
+    rules0 = nft_rules(lab.lns.ns)
+    time.sleep(130)
+    for inst in (lab.lns, l1):
+        log = inst.log.read_text()
+        assert "Maximum retries exceeded" not in log and "Connection closed" not in log, log[-2000:]
+    assert len(ip_l2tp(lab.lns.ns, "session")) == 1 and len(ip_l2tp(l1.ns, "session")) == 1
+    assert nft_rules(lab.lns.ns) and len(nft_rules(lab.lns.ns)) == len(rules0)
+    ok, out = ping(l1.ns, "10.99.100.1")
+    assert ok, out

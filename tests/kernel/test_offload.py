@@ -66,6 +66,19 @@ def status_lns_bytes(lab):
     return sum(int(ln.split("=")[1]) for ln in out.splitlines() if "_bytes=" in ln)
 
 
+def offloaded_call(lab):
+    """xl2tpd + plugin + `pipexctl serve` on the LNS and lac1, one call up.
+
+    Returns (the LNS daemon's process, lac1)."""
+    lab.start_all(WITH_PLUGIN)
+    srv = lab.serve(lab.lns)
+    l1 = lab.lacs[0]
+    lab.serve(l1)
+    lab.connect(l1)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides")
+    return srv, l1
+
+
 @pytest.fixture
 def lab(request):
     lab = Lab(kernel_mode=False).setup(2)
@@ -78,12 +91,7 @@ def lab(request):
 
 
 def test_offload_both_sides(lab):
-    lab.start_all(WITH_PLUGIN)
-    lab.serve(lab.lns)
-    l1 = lab.lacs[0]
-    lab.serve(l1)
-    lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides")
+    _, l1 = offloaded_call(lab)
 
     # the kernel carries the session on both sides (xl2tpd itself is in userspace mode)
     (ls,) = [s for s in ip_l2tp(lab.lns.ns, "session")]
@@ -166,12 +174,7 @@ def test_no_daemon_falls_back_to_the_pty_or_fails_when_required(lab):
 
 
 def test_killed_pppd_and_killed_daemon_leave_nothing(lab):
-    lab.start_all(WITH_PLUGIN)
-    srv = lab.serve(lab.lns)
-    l1 = lab.lacs[0]
-    lab.serve(l1)
-    lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up")
+    srv, l1 = offloaded_call(lab)
     (pid,) = lab.pppds(lab.lns)
     os.kill(pid, signal.SIGKILL)
     # the session dies with pppd's socket; the daemon drops the steering rules
@@ -228,12 +231,7 @@ def test_socket_refuses_what_it_must(lab):
 def test_control_channel_survives_idle_hellos(lab):
     """xl2tpd 1.3.18 sends HELLO about every 60 s (no option to change it):
     after 130 s idle, two HELLO rounds went through the steering untouched."""
-    lab.start_all(WITH_PLUGIN)
-    lab.serve(lab.lns)
-    l1 = lab.lacs[0]
-    lab.serve(l1)
-    lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up")
+    _, l1 = offloaded_call(lab)
     rules0 = nft_rules(lab.lns.ns)
     time.sleep(130)
     for inst in (lab.lns, l1):

@@ -493,7 +493,7 @@ def _discovery(app: "AppContext", logs, controls, no_proc, no_kernel, identifier
 
     if not logs:
         logs = tuple(p for p in DEFAULT_LOGS if p.startswith("journal") or _os.path.exists(p))
-        if not any(_os.path.exists("/run/systemd/journal") for _ in [0]):
+        if not _os.path.exists("/run/systemd/journal"):
             logs = tuple(p for p in logs if not p.startswith("journal"))
     if not controls and _os.path.exists(DEFAULT_PIPE):
         controls = (DEFAULT_PIPE,)

@@ -19,17 +19,16 @@ Exit status 0 only when every step worked.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
-import time
 
 from . import __version__
 from .kernel.backend import NetlinkBackend
 from .model import Endpoint, PwType, SessionSpec, TunnelSpec
 from .netns import Pair
 from .orchestrator import Orchestrator
+from .testing.lab import iperf
 
 
 def _sh(*cmd: str, check: bool = True) -> str:
@@ -37,21 +36,6 @@ def _sh(*cmd: str, check: bool = True) -> str:
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip() or r.stdout.strip()}")
     return r.stdout
-
-
-def _iperf(server_ns: str, client_ns: str, addr: str, seconds: int) -> float:
-    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            time.sleep(0.1)
-            if subprocess.run(["ip", "netns", "exec", server_ns, "ss", "-ltn", f"src {addr}"],
-                              capture_output=True, text=True).stdout.count("5201"):
-                break
-        out = _sh("ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-t", str(seconds), "-J")
-        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
-    finally:
-        srv.wait(timeout=15)
 
 
 def step(n: int, text: str) -> None:
@@ -69,7 +53,7 @@ def _discover(lab, inst) -> list:
 
 
 def offload_lab(seconds: int) -> bool:
-    from .testing.lab import Lab, iperf, plugin_options, wait_ppp
+    from .testing.lab import Lab, plugin_options, wait_ppp
 
     results = {}
     ok = True
@@ -148,8 +132,8 @@ def in_guest(seconds: int) -> int:
         summary = [ln for ln in ping.stdout.splitlines() if "packet loss" in ln or ln.startswith("rtt")]
         print("    ping: " + " | ".join(summary))
         ok &= ping.returncode == 0
-        veth = _iperf(lns, lac, pair.B4, seconds)
-        pw = _iperf(lns, lac, "192.168.77.2", seconds)
+        veth = iperf(lns, lac, pair.B4, seconds)
+        pw = iperf(lns, lac, "192.168.77.2", seconds)
         st = oa.session(100, 10).stats
         print(f"    iperf3 {seconds} s, bare veth:         {veth:8.1f} Mbit/s (ceiling)")
         print(f"    iperf3 {seconds} s, L2TPv3 pseudowire: {pw:8.1f} Mbit/s ({pw / veth:.2f} x veth)")

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from . import errors
 from .kernel.backend import KernelBackend, PPPChannel
-from .model import Session, SessionSpec, Tunnel, TunnelSpec, check_id
+from .model import Session, SessionSpec, Tunnel, TunnelSpec
 
 
 @dataclass
@@ -180,4 +180,4 @@ def _first_error(e: Exception) -> str:
     return str(e)
 
 
-__all__ = ["Orchestrator", "AddSessionResult", "check_id"]
+__all__ = ["Orchestrator", "AddSessionResult"]

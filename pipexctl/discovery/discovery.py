@@ -23,7 +23,7 @@ from .. import errors
 from . import logparse as lp
 from . import procscan
 from .control import ControlClient, ControlError
-from .state import CallDown, CallUp, Event, Tracker, TunnelDown, TunnelUp
+from .state import CallDown, CallInfo, CallUp, Event, Tracker, TunnelDown, TunnelInfo, TunnelUp
 
 DEFAULT_LOGS = ["/var/log/syslog", "/var/log/daemon.log", "journal:xl2tpd"]
 
@@ -197,8 +197,6 @@ class Discovery:
                     if tid is None:
                         continue
                     if tid not in ins.tunnels:
-                        from .state import TunnelInfo
-
                         t = TunnelInfo(instance=s.name, role="lns", section=section, peer=st.peer,
                                        peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                        sources=["control"])
@@ -208,8 +206,6 @@ class Discovery:
                         lns_calls.add(cid)
                         c = ins.calls.get(cid)
                         if c is None:
-                            from .state import CallInfo
-
                             c = CallInfo(instance=s.name, role="lns", section=section, peer=st.peer,
                                          peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                          call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",

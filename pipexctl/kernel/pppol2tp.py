@@ -15,7 +15,6 @@ import ctypes.util
 import errno as _errno
 import fcntl
 import ipaddress
-import os
 import socket
 import struct
 from typing import Optional
@@ -287,10 +286,3 @@ def udp_socket(local: tuple[str, int], remote: tuple[str, int]) -> socket.socket
         s.close()
         raise errors.SocketError(f"cannot bind {local} and connect to {remote}: {e.strerror}", errno=e.errno) from None
     return s
-
-
-def os_close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass

@@ -62,7 +62,6 @@ class Lab:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
     lns: Instance | None = None
     lacs: list[Instance] = field(default_factory=list)
-    hello: int = 60
     serves: list = field(default_factory=list)
 
     def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:

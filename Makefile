@@ -23,6 +23,7 @@ test-kernel: setup
 
 # Data-plane benchmark in one guest boot (not a test; asserts nothing).
 bench: setup
+	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/run.py
 
 clean:

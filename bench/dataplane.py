@@ -28,7 +28,53 @@ def sh(*c: str) -> str:
     return (r.stdout + r.stderr).strip()
 
 
-def run_case(case: str, runs: int, seconds: int) -> dict:
+def guest_busy() -> int:
+    """Busy jiffies of the whole guest (all CPUs): /proc/stat minus idle and iowait."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return sum(f) - f[3] - f[4]
+
+
+def ping_latency(ns: str, addr: str) -> dict:
+    """ping -c 100 -i 0.01 (root): avg and p99 of the round-trip times, ms."""
+    out = sh("ip", "netns", "exec", ns, "ping", "-c", "100", "-i", "0.01", "-W", "2", addr)
+    rtts = sorted(float(x.split("time=")[1].split()[0]) for x in out.splitlines() if "time=" in x)
+    if not rtts:
+        return {"error": out[-200:]}
+    return {"avg": statistics.mean(rtts), "p99": rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))],
+            "received": len(rtts)}
+
+
+def serve_status(path: str) -> dict:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(b'{"op": "status"}\n')
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return json.loads(data)
+
+
+def call_latency(lab: Lab, lac, cycles: int) -> dict:
+    """Hang up and redial ``cycles`` times; the daemons' own figures for each
+    pppd's request -> kernel session made and its socket sent (p50/p99)."""
+    for _ in range(cycles):
+        lab.disconnect(lac)
+        end = time.monotonic() + 30
+        while lab.pppds(lac) and time.monotonic() < end:
+            time.sleep(0.1)
+        lab.connect(lac)
+        wait_ppp(lab.lns.ns)
+        wait_ppp(lac.ns)
+    return {inst.name: serve_status(lab.serve_socket(inst))["channel_latency_ms"] for inst in (lab.lns, lac)}
+
+
+def run_case(case: str, runs: int, seconds: int, cycles: int = 10) -> dict:
     kernel = case == "c-xl2tpd-kernel"
     lab = Lab(kernel_mode=kernel).setup(1)
     try:
@@ -61,9 +107,15 @@ def run_case(case: str, runs: int, seconds: int) -> dict:
                     pass
             return tot
         c0 = cpu(lab.serves)
+        g0, t0 = guest_busy(), time.monotonic()
         fwd = [iperf(lab.lns.ns, lac.ns, addr, seconds) for _ in range(runs)]
+        busy = (guest_busy() - g0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)  # CPUs busy
         rev = [iperf(lab.lns.ns, lac.ns, addr, seconds, reverse=True) for _ in range(runs)]
-        res = {"forward": fwd, "reverse": rev, "serve_cpu_ticks": cpu(lab.serves) - c0}
+        fwd4 = [iperf(lab.lns.ns, lac.ns, addr, seconds, streams=4) for _ in range(runs)]
+        res = {"forward": fwd, "reverse": rev, "forward_4_streams": fwd4, "serve_cpu_ticks": cpu(lab.serves) - c0,
+               "guest_cpu_busy_percent": busy * 100,
+               "cpu_percent_per_mbit": busy * 100 / statistics.median(fwd) if statistics.median(fwd) else None,
+               "latency_ms": ping_latency(lac.ns, addr)}
         if case != "a-veth":
             res["ppp_fds_lns"] = sorted(os.readlink(f"/proc/{p}/fd/{f}") for p in lab.pppds(lab.lns)
                                         for f in os.listdir(f"/proc/{p}/fd") if "pts" in os.readlink(f"/proc/{p}/fd/{f}"))
@@ -71,6 +123,7 @@ def run_case(case: str, runs: int, seconds: int) -> dict:
             res["status_lns"] = sh("xl2tpd-control", "-d", "-c", lab.lns.control, "status-lns", "default")[-400:]
         if case == "d-pipexctl":
             res["nft"] = sh("ip", "netns", "exec", lab.lns.ns, "nft", "list", "table", "ip", "pipexctl")
+            res["channel_latency_ms"] = call_latency(lab, lac, cycles)
         return res
     finally:
         if os.environ.get("PIPEXCTL_RESULTS"):

@@ -48,14 +48,92 @@ def table(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def cp_table(cp: dict) -> str:
+    out = ["", "Control plane (library: one netlink socket reused; ip: one `ip l2tp` process per operation):", "",
+           "| placement | sessions | library us/op | library sessions/s | ip us/op | ip sessions/s | speed-up |",
+           "|---|---|---|---|---|---|---|"]
+    for where, label in (("one_tunnel", "1 tunnel"), ("many_tunnels", "1,000 tunnels")):
+        for r in cp.get(where, []):
+            lib, ip = r["lib"], r.get("ip")
+            out.append(f"| {label} | {lib['sessions']:,} | {lib['per_op_us']:.0f} | {lib['sessions_per_s']:.0f} | "
+                       + (f"{ip['per_op_us']:.0f} | {ip['sessions_per_s']:.1f} | {r['speedup']:.1f}x |" if ip
+                          else "not run | | |"))
+    one = {r["lib"]["sessions"]: r["lib"]["per_op_us"] for r in cp.get("one_tunnel", [])}
+    if 100 in one and 10000 in one:
+        out.append(f"\n- library per-op cost at 10,000 / at 100 sessions (target <= 1.5): {one[10000] / one[100]:.2f}")
+    sp = [r["speedup"] for r in cp.get("one_tunnel", []) if r["lib"]["sessions"] == 1000 and "speedup" in r]
+    if sp:
+        out.append(f"- library vs ip l2tp at 1,000 sessions (target >= 20): {sp[0]:.1f}x")
+    rss = cp.get("serve_rss", [])
+    if rss:
+        out.append("- pipexctl serve RSS (target < 60 MiB at 10,000): "
+                   + ", ".join(f"{r['sessions']:,} sessions {r['rss_kib'] / 1024:.1f} MiB" if "rss_kib" in r
+                               else f"{r['sessions']:,}: error" for r in rss))
+    return "\n".join(out) + "\n"
+
+
+def dp_extra(res: dict) -> str:
+    out = ["", "| case | 4 streams median Mbit/s | ping avg / p99 ms | guest CPU % busy | CPU % per Mbit/s |",
+           "|---|---|---|---|---|"]
+    for case, r in res["cases"].items():
+        if "forward" not in r:
+            continue
+        lat = r.get("latency_ms", {})
+        cpm = r.get("cpu_percent_per_mbit")
+        out.append(f"| {LABELS.get(case, case)} | {statistics.median(r['forward_4_streams']):.1f} | "
+                   f"{lat.get('avg', float('nan')):.2f} / {lat.get('p99', float('nan')):.2f} | "
+                   f"{r['guest_cpu_busy_percent']:.0f} | {cpm:.3f} |" if cpm is not None else "|")
+    d = res["cases"].get("d-pipexctl", {}).get("channel_latency_ms")
+    if d:
+        out.append("\npppd request -> kernel session made and its socket sent, through `pipexctl serve` "
+                   "(target p99 < 200 ms): " + "; ".join(
+                       f"{k} p50 {v['p50']:.0f} ms, p99 {v['p99']:.0f} ms (n={v['n']})" for k, v in d.items() if v.get("n")))
+    return "\n".join(out) + "\n"
+
+
+def plot(res: dict, cp: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    cases = [c for c, r in res["cases"].items() if "forward" in r]
+    meds = [statistics.median(res["cases"][c]["forward"]) for c in cases]
+    a1.bar([c.split("-", 1)[0] for c in cases], meds, color=["#888", "#c44", "#48c", "#4a4"][:len(cases)])
+    for i, c in enumerate(cases):
+        f = res["cases"][c]["forward"]
+        a1.errorbar(i, meds[i], yerr=[[meds[i] - min(f)], [max(f) - meds[i]]], color="k", capsize=4)
+    a1.set_ylabel("iperf3 TCP Mbit/s (median, min-max)")
+    a1.set_title("Data plane: (a) veth (b) pty (c) xl2tpd kernel (d) pipexctl")
+    curve = next((r["lib"].get("curve_per_op_us") for r in cp.get("one_tunnel", []) if r["lib"].get("curve_per_op_us")),
+                 None)
+    if curve:
+        half = len(curve) // 2
+        xs = [100 * (i + 1) for i in range(half)]
+        a2.plot(xs, curve[:half], label="create (sessions in tunnel = x)")
+        a2.plot(xs[::-1], curve[half:], label="delete (sessions left = x)")
+        a2.set_xlabel("sessions in the tunnel")
+        a2.set_ylabel("us per operation (block of 100)")
+        a2.set_ylim(bottom=0)
+        a2.legend()
+        a2.set_title("Control plane: library cost per operation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return True
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=int, default=10)
     a = p.parse_args()
+    cmd = (f"{sys.executable} bench/dataplane.py --runs {a.runs} --seconds {a.seconds}; "
+           f"{sys.executable} bench/controlplane.py")
     try:
-        r = run_in_guest([sys.executable, "bench/dataplane.py", "--runs", str(a.runs), "--seconds", str(a.seconds)],
-                         cwd=str(ROOT), keep_results=True, progress=True, timeout=3000)
+        r = run_in_guest(["sh", "-c", cmd], cwd=str(ROOT), keep_results=True, progress=True, timeout=3000)
     except VMError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 125
@@ -64,11 +142,17 @@ def main() -> int:
         print(f"bench: the guest run failed (status {r.returncode})", file=sys.stderr)
         return 1
     res = json.loads(src.read_text())
+    cpf = r.results_dir / "controlplane.json"
+    res["controlplane"] = cp = json.loads(cpf.read_text()) if cpf.exists() else {}
+    res["guest_seconds"] = r.total_seconds
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
-    md = table(res)
+    md = table(res) + dp_extra(res) + cp_table(cp)
+    png = out / f"{stamp}.png"
+    md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"
+    md += f"\nGuest run: {r.total_seconds / 60:.1f} min.\n"
     (out / f"{stamp}.md").write_text(md)
     shutil.rmtree(r.results_dir, ignore_errors=True)
     print(md)

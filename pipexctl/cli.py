@@ -601,17 +601,25 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
 @click.option("--xl2tpd-port", default=1701, show_default=True, help="UDP port xl2tpd listens on.")
 @click.option("--reconcile-interval", default=5.0, show_default=True,
               help="Seconds between /proc and kernel checks (the logs are followed continuously).")
+@click.option("--state", "state_path", default=None, metavar="PATH",
+              help="State file of what the daemon made  [default: state.json next to --socket]")
+@click.option("--teardown-on-exit", is_flag=True,
+              help="On SIGTERM remove every offloaded session (default: leave them running for the next start).")
 @click.option("-v", "--verbose", is_flag=True, help="Log each offload and removal to stderr.")
 @click.pass_obj
 @boundary
 def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socket_path, wait, xl2tpd_port,
-          reconcile_interval, verbose) -> None:
+          reconcile_interval, state_path, teardown_on_exit, verbose) -> None:
     """Offload userspace-mode xl2tpd calls: hand pppd a kernel channel.
 
     pppd loads the plugin (`plugin pipexctl.so` in xl2tpd's pppd options file);
     the plugin asks this daemon for its channel; the daemon creates the
     kernel tunnel, session, PPPoL2TP socket and nftables steering for that
     call and sends the socket to pppd.  Run it in xl2tpd's network namespace.
+
+    At start (and on SIGHUP) it reconciles its state file with the kernel
+    and discovery: sessions of live calls are adopted, orphans removed.
+    SIGTERM leaves offloaded sessions running unless --teardown-on-exit.
 
     \b
     Example:
@@ -628,9 +636,14 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
     backend = NetlinkBackend(netns=app.netns)
     srv = OffloadServer(socket_path, d, backend, Nft(netns=app.netns), wait=wait, xl2tpd_port=xl2tpd_port,
-                        reconcile_interval=reconcile_interval)
+                        reconcile_interval=reconcile_interval, state_path=state_path,
+                        teardown_on_exit=teardown_on_exit)
     for sig in (_signal.SIGTERM, _signal.SIGINT):
         _signal.signal(sig, lambda *_: srv.stop.set())
+    _signal.signal(_signal.SIGHUP, lambda *_: srv.reload.set())
+    import faulthandler
+
+    faulthandler.register(_signal.SIGUSR1, all_threads=True)  # stack of every thread to stderr, for bug reports
     try:
         srv.serve_forever()
     finally:

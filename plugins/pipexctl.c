@@ -6,7 +6,9 @@
  * root only) for the call's channel: a PPPoL2TP socket connected to a kernel
  * L2TP session that the daemon created for this pppd's call.  The socket
  * arrives over SCM_RIGHTS and becomes pppd's channel, so pppd never opens the
- * pty and PPP data goes UDP -> kernel -> pppN.
+ * pty and PPP data goes UDP -> kernel -> pppN.  With it comes a copy of the
+ * tunnel's UDP socket, which the plugin keeps for pppd's life: the kernel
+ * tunnel then outlives a restart of the daemon.
  *
  * If the daemon is absent or refuses, the plugin logs why and pppd continues
  * on the pty, unless `pipexctl_required` is set: then pppd stops.
@@ -72,19 +74,21 @@ static px_option_t px_options[] = {
 
 static struct channel *px_fallback;	/* the channel pppd had (tty) */
 static int px_fd = -1;			/* the PPPoL2TP socket */
+static int px_tunnel_fd = -1;		/* a copy of the tunnel's UDP socket */
 static int px_mtu;
 
-/* Read the whole reply line and the fd that came with it. */
-static int px_recv(int s, char *buf, size_t len, int *fd)
+/* Read the whole reply line and the (up to two) fds that came with it. */
+static int px_recv(int s, char *buf, size_t len, int fds[2])
 {
 	struct msghdr msg;
 	struct iovec iov;
-	union { struct cmsghdr h; char b[CMSG_SPACE(sizeof(int))]; } ctl;
+	union { struct cmsghdr h; char b[CMSG_SPACE(2 * sizeof(int))]; } ctl;
 	struct cmsghdr *c;
 	struct pollfd p = { .fd = s, .events = POLLIN };
 	ssize_t n;
+	size_t k;
 
-	*fd = -1;
+	fds[0] = fds[1] = -1;
 	if (poll(&p, 1, px_timeout * 1000) != 1) {
 		errno = ETIMEDOUT;
 		return -1;
@@ -103,11 +107,32 @@ static int px_recv(int s, char *buf, size_t len, int *fd)
 		return -1;
 	}
 	buf[n] = 0;
-	for (c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
-		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-		    c->cmsg_len == CMSG_LEN(sizeof(int)))
-			memcpy(fd, CMSG_DATA(c), sizeof(int));
+	for (c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		if (k > 2)
+			k = 2;	/* MSG_CTRUNC: the kernel closed any beyond our buffer */
+		memcpy(fds, CMSG_DATA(c), k * sizeof(int));
+	}
 	return 0;
+}
+
+/* Is fd a connected UDP socket (the tunnel's)? */
+static int px_is_tunnel_socket(int fd)
+{
+	int type = 0, domain = 0;
+	socklen_t l = sizeof(int);
+	struct sockaddr_storage peer;
+	socklen_t plen = sizeof(peer);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0 || type != SOCK_DGRAM)
+		return 0;
+	l = sizeof(int);
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &l) < 0 ||
+	    (domain != AF_INET && domain != AF_INET6))
+		return 0;
+	return getpeername(fd, (struct sockaddr *)&peer, &plen) == 0;
 }
 
 /* Send the request; with it the pty xl2tpd gave us (fd 0), if any.  The
@@ -159,7 +184,7 @@ static int px_request(char *why, size_t whylen)
 {
 	struct sockaddr_un sa;
 	char req[128], rep[1024];
-	int s, fd = -1;
+	int s, fd = -1, fds[2];
 	long sid;
 	struct sockaddr_storage addr;
 	socklen_t alen = sizeof(addr);
@@ -190,40 +215,50 @@ static int px_request(char *why, size_t whylen)
 		close(s);
 		return -1;
 	}
-	if (px_recv(s, rep, sizeof(rep), &fd) < 0) {
+	if (px_recv(s, rep, sizeof(rep), fds) < 0) {
 		snprintf(why, whylen, "no reply from %s: %s", px_socket, strerror(errno));
 		close(s);
 		return -1;
 	}
 	close(s);
+	fd = fds[0];
+	if (fds[1] >= 0 && !px_is_tunnel_socket(fds[1])) {
+		snprintf(why, whylen, "second fd of the reply is not a connected UDP socket");
+		close(fds[1]);
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
 	if (!strstr(rep, "\"ok\": true")) {
 		const char *e = strstr(rep, "\"error\": \"");
 		snprintf(why, whylen, "pipexctl refused: %.200s", e ? e + 10 : rep);
 		if (fd >= 0)
 			close(fd);
+		if (fds[1] >= 0)
+			close(fds[1]);
 		return -1;
 	}
 	/* validate before use: a PPPoX socket bound to the session we were told */
 	sid = px_json_int(rep, "session_id");
-	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+	memset(&addr, 0, sizeof(addr));
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
 		snprintf(why, whylen, "reply carried no socket");
+	else if (getsockname(fd, (struct sockaddr *)&addr, &alen) < 0 || addr.ss_family != AF_PPPOX)
+		snprintf(why, whylen, "received fd is not an AF_PPPOX socket");
+	else if (sid <= 0)
+		snprintf(why, whylen, "reply has no session id");
+	else
+		why[0] = 0;
+	if (why[0]) {
 		if (fd >= 0)
 			close(fd);
-		return -1;
-	}
-	memset(&addr, 0, sizeof(addr));
-	if (getsockname(fd, (struct sockaddr *)&addr, &alen) < 0 || addr.ss_family != AF_PPPOX) {
-		snprintf(why, whylen, "received fd is not an AF_PPPOX socket");
-		close(fd);
-		return -1;
-	}
-	if (sid <= 0) {
-		snprintf(why, whylen, "reply has no session id");
-		close(fd);
+		if (fds[1] >= 0)
+			close(fds[1]);
 		return -1;
 	}
 	px_mtu = (int)px_json_int(rep, "mtu");
 	px_fd = fd;
+	px_tunnel_fd = fds[1];
 	info("pipexctl: kernel channel for tunnel %ld session %ld (peer %ld/%ld)",
 	     px_json_int(rep, "tunnel_id"), sid, px_json_int(rep, "peer_tunnel_id"),
 	     px_json_int(rep, "peer_session_id"));
@@ -237,7 +272,8 @@ static void px_process_extra_options(void)
 }
 
 /* xl2tpd hands pppd the pty as stdin/stdout; with a kernel channel pppd
- * must not keep it: point those fds at /dev/null. */
+ * must not keep it: point those fds at /dev/null.  (The daemon holds the
+ * slave end, drained, so xl2tpd's select() on the master does not spin.) */
 static void px_release_pty(void)
 {
 	int fd, nul = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -280,9 +316,14 @@ static int px_connect(void)
 
 static void px_disconnect(void)
 {
+	/* the session first (closing its socket deletes it), then our hold on the tunnel */
 	if (px_fd >= 0) {
 		close(px_fd);
 		px_fd = -1;
+	}
+	if (px_tunnel_fd >= 0) {
+		close(px_tunnel_fd);
+		px_tunnel_fd = -1;
 	}
 }
 
@@ -315,6 +356,8 @@ static void px_close(void)
 	/* in forked children (scripts): they must not hold the channel */
 	if (px_fd >= 0)
 		close(px_fd);
+	if (px_tunnel_fd >= 0)
+		close(px_tunnel_fd);
 }
 
 static struct channel px_channel = {

@@ -172,6 +172,10 @@ class Discovery:
                     ev += self.tracker.apply(s.name, rec)
         return ev
 
+    def ask_control(self) -> list[Event]:
+        """Ask every control pipe now (tunnels, and which tunnel holds each LNS call)."""
+        return self._reconcile_control()
+
     def _reconcile_control(self) -> list[Event]:
         """What xl2tpd says now beats log history (rotation, missed lines)."""
         ev: list[Event] = []
@@ -220,11 +224,11 @@ class Discovery:
                     ev += self.tracker._call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
         return ev
 
-    def _reconcile_proc(self) -> list[Event]:
+    def _reconcile_proc(self, scanned=None) -> list[Event]:
         if not self.proc:
             return []
         ev: list[Event] = []
-        daemons, children = procscan.scan()
+        daemons, children = scanned if scanned is not None else procscan.scan()
         alive = {d.pid for d in daemons}
         for s in self.sources:
             ins = self.tracker.inst(s.name)
@@ -243,8 +247,12 @@ class Discovery:
             taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
             for c in list(ins.calls.values()):
                 if c.pppd_pid is not None and c.pppd_pid not in by_pid:
-                    ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
-                    continue
+                    # the scan may predate the log line that named this pppd
+                    # (the daemon scans /proc outside its lock): look again
+                    now = procscan._read(c.pppd_pid, with_fds=False)
+                    if now is None or now.comm != "pppd" or now.ppid != ins.daemon_pid:
+                        ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
+                        continue
                 if c.pppd_pid is None:
                     cands = [k for k in kids if k.pid not in taken and _matches(k, c)]
                     if len(cands) == 1:
@@ -254,6 +262,29 @@ class Discovery:
                 if k is not None and k.data_path != "unknown":
                     ev += self.tracker.observe_data_path(s.name, c.call_id, k.data_path)
         return ev
+
+    def observe_process(self, pid: int) -> list[Event]:
+        """Match one pppd to its call from its /proc entry alone.
+
+        Cheap next to a full scan: used while that pppd waits for its channel
+        (the LAC side logs no pppd PID).  Needs the parent xl2tpd's PID to be
+        known already (from an earlier scan); otherwise a full scan runs."""
+        p = procscan._read(pid, with_fds=False)
+        if p is None or p.comm != "pppd":
+            return []
+        for s in self.sources:
+            ins = self.tracker.inst(s.name)
+            if ins.daemon_pid == p.ppid:
+                if any(c.pppd_pid == pid for c in ins.calls.values()):
+                    return []
+                taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
+                if pid in taken:
+                    return []
+                cands = [c for c in ins.calls.values() if c.pppd_pid is None and _matches(p, c)]
+                if len(cands) == 1:
+                    return self.tracker.observe_pppd(s.name, cands[0].call_id, pid)
+                return []
+        return self._reconcile_proc()
 
     def _reconcile_kernel(self) -> list[Event]:
         if not self.kernel:
@@ -274,13 +305,16 @@ class Discovery:
                 ev += self.tracker.observe_data_path(c.instance, c.call_id, "kernel")
         return ev
 
-    def poll(self, reconcile: bool = True, control: bool = False) -> list[Event]:
-        """One step of following: new log lines, and optionally /proc + kernel (+ control)."""
+    def poll(self, reconcile: bool = True, control: bool = False, scanned=None) -> list[Event]:
+        """One step of following: new log lines, and optionally /proc + kernel (+ control).
+
+        ``scanned``: a ``procscan.scan()`` result taken beforehand (a caller
+        that serialises access to this object can scan /proc outside its lock)."""
         ev = self._read_logs()
         if reconcile:
             if control:
                 ev += self._reconcile_control()
-            ev += self._reconcile_proc() + self._reconcile_kernel()
+            ev += self._reconcile_proc(scanned) + self._reconcile_kernel()
         return ev
 
     def refresh(self, control: bool = True) -> list[Event]:

@@ -15,6 +15,7 @@ import ctypes.util
 import errno as _errno
 import fcntl
 import ipaddress
+import os
 import socket
 import struct
 from typing import Optional
@@ -286,3 +287,44 @@ def udp_socket(local: tuple[str, int], remote: tuple[str, int]) -> socket.socket
         s.close()
         raise errors.SocketError(f"cannot bind {local} and connect to {remote}: {e.strerror}", errno=e.errno) from None
     return s
+
+
+SYS_pidfd_getfd = 438  # the same number on every architecture but alpha (include/uapi/asm-generic/unistd.h)
+
+
+def take_udp_socket(pid: int, local_port: int) -> Optional[socket.socket]:
+    """A copy of the UDP socket bound to ``local_port`` that process ``pid`` holds, or None.
+
+    Used when `pipexctl serve` restarts: the tunnel's socket lives on in the
+    pppds it was given to, and pidfd_getfd(2) (Linux 5.6+, root) takes a copy
+    back so the daemon holds the tunnel again.  Python has ``os.pidfd_open``
+    but no pidfd_getfd, hence the raw syscall."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return None
+        for name in names:
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    continue
+            except OSError:
+                continue
+            fd = _libc.syscall(SYS_pidfd_getfd, pidfd, int(name), 0)
+            if fd < 0:
+                continue
+            s = socket.socket(fileno=fd)
+            try:
+                if s.type == socket.SOCK_DGRAM and s.family in (socket.AF_INET, socket.AF_INET6) \
+                        and s.getsockname()[1] == local_port:
+                    return s
+            except OSError:
+                pass
+            s.close()
+        return None
+    finally:
+        os.close(pidfd)

@@ -10,16 +10,25 @@ SO_PEERCRED and matched to its xl2tpd call through discovery:
 4. a PPPoL2TP socket connected to it, sent to pppd over SCM_RIGHTS;
 5. nftables steering of exactly that session's data packets (steering.py).
 
-Every step is undone if a later one fails.  The daemon keeps the tunnel's
-UDP socket; pppd keeps the only PPPoL2TP socket, so the kernel session ends
-when pppd does.  When discovery reports the call or tunnel gone, the
-session, the rules and (with its last call) the tunnel are removed.
+Every step is undone if a later one fails.  pppd gets the PPPoL2TP socket
+and a copy of the tunnel's UDP socket, so the kernel session ends when pppd
+does and the tunnel outlives the daemon while any of its pppds runs.  When
+discovery reports the call or tunnel gone, the session, the rules and (with
+its last call) the tunnel are removed.
+
+What the daemon made is recorded in a state file (statefile.py).  A
+restart reconciles: it adopts the sessions of live calls (taking the tunnel
+socket back from a pppd with pidfd_getfd), removes orphans, and rewrites the
+nft table for exactly what is adopted.  SIGTERM leaves offloaded sessions
+running unless ``teardown_on_exit``; SIGHUP asks xl2tpd (control pipe),
+/proc and the kernel at once and reconciles the state file against them.
 
 Run it in xl2tpd's network namespace (``ip netns exec NS pipexctl serve``).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -33,9 +42,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import errors
+from ..discovery import procscan
 from ..discovery.discovery import Discovery
 from ..discovery.state import CallDown, CallInfo, TunnelDown
-from ..model import PwType, SessionSpec, TunnelSpec
+from ..kernel.pppol2tp import take_udp_socket
+from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
+from . import statefile
+from .statefile import SessionRecord, TunnelRecord
 from .steering import Nft, Steer, delete_table, ruleset
 
 log = logging.getLogger("pipexctl.serve")
@@ -108,9 +121,24 @@ class TunnelState:
     local: str
     peer: str
     peer_port: int
-    sock: socket.socket
+    sock: Optional[socket.socket]  # None: adopted, and no pppd copy could be taken back
     private_port: int
     sessions: dict[int, Steer] = field(default_factory=dict)
+    records: dict[int, SessionRecord] = field(default_factory=dict)
+
+    def record(self) -> TunnelRecord:
+        return TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id, peer_tunnel_id=self.peer_tunnel_id,
+                            local=self.local, peer=self.peer, peer_port=self.peer_port,
+                            private_port=self.private_port,
+                            sessions=[self.records[c] for c in sorted(self.sessions) if c in self.records])
+
+
+def _ttyname(fd: Optional[int]) -> Optional[str]:
+    try:
+        name = os.ttyname(fd) if fd is not None else None
+    except OSError:
+        return None
+    return name if name and name.startswith("/dev/pts/") else None
 
 
 def _proc_comm(pid: int) -> Optional[tuple[str, int]]:
@@ -122,21 +150,45 @@ def _proc_comm(pid: int) -> Optional[tuple[str, int]]:
     return stat[stat.find("(") + 1: stat.rfind(")")], int(stat[stat.rfind(")") + 2:].split()[1])
 
 
+def _percentiles(xs: list[float]) -> dict:
+    """p50/p99/max of request -> channel sent (the last 1,000 offloads)."""
+    if not xs:
+        return {"n": 0}
+    xs = sorted(xs)
+    return {"n": len(xs), "p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))], "max": xs[-1]}
+
+
 class OffloadServer:
     def __init__(self, socket_path: str, discovery: Discovery, backend, nft: Nft, *,
                  wait: float = 5.0, xl2tpd_port: int = 1701, log_interval: float = 0.2,
-                 reconcile_interval: float = 5.0) -> None:
+                 reconcile_interval: float = 5.0, state_path: Optional[str] = None,
+                 teardown_on_exit: bool = False) -> None:
         self.socket_path, self.d, self.backend, self.nft = socket_path, discovery, backend, nft
         self.wait, self.xl2tpd_port = wait, xl2tpd_port
+        self.state_path = state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json")
+        self.teardown_on_exit = teardown_on_exit
+        self.reload = threading.Event()
+        self.last_reconcile: dict = {}
+        self.why_not: dict[int, str] = {}
+        self.nft_seconds = 0.0  # the last rule-set write
+        self.latencies: collections.deque = collections.deque(maxlen=1000)  # request -> fd sent, seconds
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
         # that the data path needs), so they run rarely, and on demand while a
         # pppd waits for its channel.
         self.log_interval, self.reconcile_interval = log_interval, reconcile_interval
+        # Two locks, always taken in this order when both are needed:
+        # ``lock`` for what the daemon made (tunnels, kernel, nft, state file),
+        # ``dlock`` for discovery.  Parsing logs (slow under emulation) then
+        # never delays an offload, and an offload never delays parsing.
         self.lock = threading.RLock()
+        self.dlock = threading.Lock()
+        self.polled = threading.Condition(self.dlock)  # notified after each discovery poll
+        self.waiting = 0  # pppds waiting for their call to show up
+        self.pending: list = []  # events found by waiters, handled by the watcher
         self.tunnels: dict[tuple[str, int], TunnelState] = {}
         self.stop = threading.Event()
         self.ptys = PtyHolder()
-        self.stats = {"offloaded": 0, "refused": 0, "failed": 0, "removed": 0}
+        self.stats = {"offloaded": 0, "refused": 0, "failed": 0, "removed": 0, "adopted": 0, "orphans_removed": 0}
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -159,8 +211,10 @@ class OffloadServer:
 
     def serve_forever(self) -> None:
         with self.lock:
-            self.nft.apply(ruleset([]))  # reconcile: nothing is steered before we own it
-            self.d.refresh()
+            self._warm_up()
+            with self.dlock:
+                self.d.refresh()
+            self.reconcile_state()
         srv = self._listen()
         watcher = threading.Thread(target=self._watch, name="discovery", daemon=True)
         watcher.start()
@@ -181,21 +235,147 @@ class OffloadServer:
 
     def shutdown(self) -> None:
         with self.lock:
+            if not self.teardown_on_exit:
+                # the kernel keeps the sessions (pppd holds their sockets), the
+                # rules stay, the state file says what to adopt at restart
+                n = sum(len(t.sessions) for t in self.tunnels.values())
+                for ts in self.tunnels.values():
+                    if ts.sock is not None:
+                        ts.sock.close()
+                self._save()
+                log.info("stopping: %d offloaded session(s) left running for the next start to adopt", n)
+                return
             for key in list(self.tunnels):
                 self._drop_tunnel(key, "pipexctl serve stopping", reapply=False)
             try:
                 self.nft.apply(delete_table())
             except errors.PipexError as e:
                 log.warning("%s", e)
+            self._save()
+
+    def _warm_up(self) -> None:
+        """Write one throw-away rule that uses every expression steering uses.
+
+        The kernel loads nft_ct and friends on first use, which took 0.5-1.8 s
+        under TCG: paid here at start rather than by the first pppd.  The rule
+        matches TEST-NET-1 (RFC 5737) only, and reconcile_state() replaces the
+        whole table right after."""
+        try:
+            self.nft.apply(ruleset([Steer("192.0.2.1", "192.0.2.2", 1, 1, 1, 1, self.xl2tpd_port)]))
+        except errors.PipexError as e:
+            log.warning("%s", e)
+
+    # ---------------------------------------------------------- state and reconcile
+    def _save(self) -> None:
+        try:
+            statefile.save(self.state_path, statefile.State(tunnels=[t.record() for t in self.tunnels.values()]))
+        except OSError as e:
+            log.warning("cannot write state file %s: %s", self.state_path, e.strerror)
+
+    def _call_alive(self, instance: str, tunnel_id: int, call_id: int, pid: int) -> bool:
+        who = _proc_comm(pid)
+        if not who or who[0] != "pppd":
+            return False
+        with self.dlock:
+            return any(c.instance == instance and c.tunnel_id == tunnel_id and c.call_id == call_id
+                   and c.pppd_pid == pid for c in self.d.tracker.calls())
+
+    def _rehold_pty(self, instance: str, s: SessionRecord) -> None:
+        """Hold an adopted call's pty slave again (by its recorded path).
+
+        Only for a call just found alive with its pppd: xl2tpd still holds the
+        master, so the path still names this call's pty."""
+        if not s.pty or (instance, s.call_id) in self.ptys.keys():
+            return
+        try:
+            fd = os.open(s.pty, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as e:
+            log.warning("cannot hold %s of call %d again: %s", s.pty, s.call_id, e.strerror)
+            return
+        if not os.isatty(fd):
+            os.close(fd)
+            return
+        self.ptys.hold((instance, s.call_id), fd)
+
+    def reconcile_state(self) -> dict:
+        """Adopt what the state file recorded and is still live; remove orphans.
+
+        Runs at start (after discovery's first refresh) and on SIGHUP; the
+        nft table is rewritten for exactly what is then owned."""
+        state, warning = statefile.load(self.state_path)
+        if warning:
+            log.warning("%s", warning)
+        known = {(t.instance, t.tunnel_id) for t in self.tunnels.values()}
+        state.tunnels = [t for t in state.tunnels if (t.instance, t.tunnel_id) not in known]
+        try:
+            kt, ks = self.backend.tunnel_dump(), self.backend.session_dump()
+        except errors.PipexError as e:
+            log.warning("reconcile: cannot read kernel state (%s); nothing adopted", e)
+            kt, ks = [], []
+        p = statefile.plan(state, kt, ks, self._call_alive)
+        for tid, sid, why in p.remove_sessions:
+            self._gone_ok(lambda: self.backend.session_delete(tid, sid))
+            log.info("reconcile: removed orphan session %d/%d (%s)", tid, sid, why)
+        for tid, why in p.remove_tunnels:
+            self._gone_ok(lambda: self.backend.tunnel_delete(tid))
+            log.info("reconcile: removed orphan tunnel %d (%s)", tid, why)
+        for why in p.forget:
+            log.info("reconcile: forgot %s", why)
+        for rec in p.adopt:
+            sock = None
+            for s in rec.sessions:
+                sock = take_udp_socket(s.pppd_pid, rec.private_port)
+                if sock is not None:
+                    break
+            ts = TunnelState(rec.instance, rec.tunnel_id, rec.peer_tunnel_id, rec.local, rec.peer, rec.peer_port,
+                             sock, rec.private_port)
+            for s in rec.sessions:
+                self._rehold_pty(rec.instance, s)
+                ts.sessions[s.call_id] = Steer(rec.local, rec.peer, rec.peer_port, rec.private_port, rec.tunnel_id,
+                                               s.call_id, self.xl2tpd_port)
+                ts.records[s.call_id] = s
+            self.tunnels[(rec.instance, rec.tunnel_id)] = ts
+            log.info("reconcile: adopted tunnel %d with session(s) %s%s", rec.tunnel_id,
+                     ", ".join(str(s.call_id) for s in rec.sessions),
+                     "" if sock else " (its socket stays with its pppds only)")
+        self.stats["adopted"] += sum(len(t.sessions) for t in p.adopt)
+        self.stats["orphans_removed"] += len(p.remove_sessions) + len(p.remove_tunnels)
+        self.last_reconcile = {**p.summary(), "warning": warning, "at": time.time()}
+        self._apply_rules()
+        self._save()
+        return self.last_reconcile
 
     def _watch(self) -> None:
         last = time.monotonic()
         while not self.stop.wait(self.log_interval):
+            if self.reload.is_set():
+                self.reload.clear()
+                with self.dlock:
+                    ev = self.d.refresh()  # logs are followed by name (tail -F) anyway
+                with self.lock:
+                    for e in ev:
+                        self._on_event(e)
+                    self.reconcile_state()
+                    log.info("reloaded (SIGHUP)")
             now = time.monotonic()
             full = now - last >= self.reconcile_interval
-            with self.lock:
-                for e in self.d.poll(reconcile=full):
-                    self._on_event(e)
+            ev = []
+            t = time.monotonic()
+            scanned = procscan.scan() if full and self.d.proc else None  # outside the lock: slow under TCG
+            with self.dlock:
+                try:
+                    ev = self.d.poll(reconcile=full, scanned=scanned)
+                except Exception:  # never let the watcher die: log and go on
+                    log.exception("discovery poll failed")
+                ev, self.pending = self.pending + ev, []
+                self.polled.notify_all()
+                took = time.monotonic() - t
+            if took > 1.0:
+                log.info("slow discovery poll: %.0f ms (full=%s)", took * 1000, full)
+            if ev:
+                with self.lock:
+                    for e in ev:
+                        self._on_event(e)
             if full:
                 last = now
 
@@ -206,10 +386,12 @@ class OffloadServer:
             self.ptys.release((e.call.instance, e.call.call_id))
             if ts and e.call.call_id in ts.sessions:
                 del ts.sessions[e.call.call_id]
-                self._quiet(lambda: self.backend.session_delete(ts.tunnel_id, e.call.call_id))
+                ts.records.pop(e.call.call_id, None)
+                self._gone_ok(lambda: self.backend.session_delete(ts.tunnel_id, e.call.call_id))
                 self.stats["removed"] += 1
                 log.info("call %d of tunnel %d ended (%s): offload removed", e.call.call_id, ts.tunnel_id, e.reason)
-                self._apply_rules()
+                self._quiet(self._apply_rules)
+                self._save()
         elif isinstance(e, TunnelDown):
             key = (e.tunnel.instance, e.tunnel.tunnel_id)
             if key in self.tunnels:
@@ -231,6 +413,8 @@ class OffloadServer:
                 if not chunk:
                     break
                 data += chunk
+            if not data:
+                return  # connected and closed without a request (a liveness probe)
             if len(data) > MAX_REQUEST:
                 self._reply(conn, {"ok": False, "error": "request too large"})
                 self.stats["refused"] += 1
@@ -244,6 +428,9 @@ class OffloadServer:
                 return
             if op == "status":
                 self._reply(conn, {"ok": True, **self.status()})
+            elif op == "reconcile":
+                with self.lock:
+                    self._reply(conn, {"ok": True, "reconcile": self.reconcile_state()})
             elif op == "channel":
                 pty = fds.pop(0) if fds and os.isatty(fds[0]) else None
                 self._channel(conn, pid, pty)
@@ -257,12 +444,12 @@ class OffloadServer:
                 os.close(fd)
             conn.close()
 
-    def _reply(self, conn: socket.socket, obj: dict, fd: Optional[int] = None) -> None:
+    def _reply(self, conn: socket.socket, obj: dict, fds: Optional[list[int]] = None) -> None:
         data = json.dumps(obj).encode() + b"\n"
-        if fd is None:
+        if not fds:
             conn.sendall(data)
         else:
-            socket.send_fds(conn, [data], [fd])
+            socket.send_fds(conn, [data], fds)
 
     def _channel(self, conn: socket.socket, pid: int, pty: Optional[int]) -> None:
         held = False
@@ -280,21 +467,31 @@ class OffloadServer:
             self.stats["refused"] += 1
             self._reply(conn, {"ok": False, "error": f"pid {pid} is not a pppd started by xl2tpd"})
             return False
+        t0 = time.monotonic()
         call = self._wait_for_call(pid)
+        t1 = time.monotonic()
         if call is None:
             self.stats["refused"] += 1
-            self._reply(conn, {"ok": False, "error": f"no xl2tpd call for pppd {pid} within {self.wait:.0f} s"})
+            why = self.why_not.pop(pid, "")
+            log.warning("pppd %d refused: no complete xl2tpd call within %.0f s: %s", pid, self.wait, why)
+            self._reply(conn, {"ok": False, "error": f"no xl2tpd call for pppd {pid} within {self.wait:.0f} s: {why}"})
             return False
+        t2 = time.monotonic()
         try:
             with self.lock:
-                ch, meta = self.offload(call)
+                t3 = time.monotonic()
+                ch, meta = self.offload(call, pid, _ttyname(pty))
+                t4 = time.monotonic()
+                ts = self.tunnels[(call.instance, call.tunnel_id)]
+                # pppd also gets the tunnel's socket: the tunnel then outlives the daemon
+                fds = [ch.fileno()] + ([ts.sock.fileno()] if ts.sock is not None else [])
         except errors.PipexError as e:
             self.stats["failed"] += 1
             log.warning("offload of call %d failed: %s", call.call_id, e)
             self._reply(conn, {"ok": False, "error": str(e)})
             return False
         try:
-            self._reply(conn, {"ok": True, **meta}, fd=ch.fileno())
+            self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1}, fds=fds)
         except OSError as e:
             with self.lock:
                 self._undo_session(call, meta["tunnel_id"])
@@ -303,29 +500,57 @@ class OffloadServer:
         finally:
             ch.close()  # pppd holds the only copy now
         self.stats["offloaded"] += 1
-        log.info("call %d (tunnel %d) of pppd %d offloaded", call.call_id, call.tunnel_id, pid)
+        self.latencies.append(time.monotonic() - t0)
+        log.info("call %d (tunnel %d) of pppd %d offloaded in %.0f ms (%.0f ms waiting for discovery, "
+                 "%.0f for the lock, %.0f kernel+nft, %.0f ms in nft)", call.call_id, call.tunnel_id, pid,
+                 (time.monotonic() - t0) * 1000, (t1 - t0) * 1000, (t3 - t2) * 1000, (t4 - t3) * 1000,
+                 self.nft_seconds * 1000)
         if pty is None:
             return False
         self.ptys.hold((call.instance, call.call_id), pty)
         return True
 
     def _wait_for_call(self, pid: int) -> Optional[CallInfo]:
+        """The call of pppd ``pid``, once discovery knows it (bounded by ``wait``).
+
+        The LNS logs the pppd PID; the LAC's comes from that one pppd's /proc
+        entry (its argv against the one xl2tpd logged for the call).  The
+        watcher thread reads the logs for every waiter at once."""
         end = time.monotonic() + self.wait
-        n = 0
-        while time.monotonic() < end:
-            with self.lock:
-                # the LNS logs the pppd PID (log only); the LAC's PID needs /proc
-                for ev in self.d.poll(reconcile=n % 4 == 0):
-                    self._on_event(ev)
-                for c in self.d.tracker.calls():
-                    if c.pppd_pid == pid and None not in (c.tunnel_id, c.peer_tunnel_id, c.peer_call_id):
-                        return c.model_copy()
-            n += 1
-            time.sleep(0.05)
-        return None
+        with self.dlock:
+            self.waiting += 1
+            try:
+                asked = 0.0
+                while True:
+                    self.pending += self.d.observe_process(pid)
+                    for c in self.d.tracker.calls():
+                        if c.pppd_pid == pid and None not in (c.tunnel_id, c.peer_tunnel_id, c.peer_call_id):
+                            return c.model_copy()
+                        if c.pppd_pid == pid and time.monotonic() - asked > 0.5:
+                            # known but not its tunnel: an LNS log names only the peer's
+                            # address, ambiguous with several tunnels from one peer;
+                            # xl2tpd's control pipe (status-lns) says which
+                            asked = time.monotonic()
+                            nw = len(self.d.warnings)
+                            self.pending += self.d.ask_control()
+                            for w in self.d.warnings[nw:]:
+                                log.warning("discovery: %s", w)
+                            del self.d.warnings[nw:]
+                            break
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        mine = [c for c in self.d.tracker.calls() if c.pppd_pid == pid]
+                        self.why_not[pid] = (
+                            f"call {mine[0].call_id} known, but not yet its tunnel/peer ids "
+                            f"(tunnel {mine[0].tunnel_id}, peer tunnel {mine[0].peer_tunnel_id}, "
+                            f"peer call {mine[0].peer_call_id})" if mine else "no call names this pid")
+                        return None
+                    self.polled.wait(min(left, 1.0))
+            finally:
+                self.waiting -= 1
 
     # ---------------------------------------------------------- the offload
-    def offload(self, call: CallInfo):
+    def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None):
         key = (call.instance, call.tunnel_id)
         ts = self.tunnels.get(key)
         new_tunnel = ts is None
@@ -340,15 +565,22 @@ class OffloadServer:
                                version=2, pw_type=PwType.ppp, lns_mode=call.role == "lns")
             self.backend.session_create(spec)
             session_made = True
-            kt = self.backend.tunnel_get(ts.tunnel_id)
-            ks = self.backend.session_get(ts.tunnel_id, call.call_id)
+            # what PPPoL2TP connect needs is known: no netlink round trip to read it back
+            kt = Tunnel(tunnel_id=ts.tunnel_id, peer_tunnel_id=ts.peer_tunnel_id, version=2, encap=Encap.udp)
+            ks = Session(tunnel_id=ts.tunnel_id, session_id=call.call_id, peer_session_id=call.peer_call_id,
+                         pw_type=PwType.ppp)
             ch = self.backend.ppp_connect(kt, ks)
             ts.sessions[call.call_id] = Steer(ts.local, ts.peer, ts.peer_port, ts.private_port, ts.tunnel_id,
                                               call.call_id, self.xl2tpd_port)
+            ts.records[call.call_id] = SessionRecord(call_id=call.call_id, peer_call_id=call.peer_call_id,
+                                                     pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role,
+                                                     pty=pty)
             self._apply_rules()
+            self._save()
         except BaseException:
             if ch is not None:
                 ch.close()
+            ts.records.pop(call.call_id, None)
             if ts.sessions.pop(call.call_id, None) is not None:
                 self._quiet(self._apply_rules)
             if session_made:
@@ -396,8 +628,10 @@ class OffloadServer:
     def _undo_session(self, call: CallInfo, tunnel_id: int) -> None:
         ts = self.tunnels.get((call.instance, tunnel_id))
         if ts and ts.sessions.pop(call.call_id, None):
-            self._quiet(lambda: self.backend.session_delete(tunnel_id, call.call_id))
+            ts.records.pop(call.call_id, None)
+            self._gone_ok(lambda: self.backend.session_delete(tunnel_id, call.call_id))
             self._quiet(self._apply_rules)
+            self._save()
 
     def _drop_tunnel(self, key, reason: str, reapply: bool = True) -> None:
         ts = self.tunnels.pop(key, None)
@@ -406,13 +640,20 @@ class OffloadServer:
         for cid in ts.sessions:
             self.ptys.release((ts.instance, cid))
         ts.sessions.clear()
-        ts.sock.close()  # the kernel deletes the tunnel and its sessions with its socket
+        ts.records.clear()
+        # pppds hold copies of the socket, so closing ours is not enough
+        self._gone_ok(lambda: self.backend.tunnel_delete(ts.tunnel_id))
+        if ts.sock is not None:
+            ts.sock.close()
         log.info("tunnel %d removed (%s)", ts.tunnel_id, reason)
         if reapply:
             self._quiet(self._apply_rules)
+        self._save()
 
     def _apply_rules(self) -> None:
+        t = time.monotonic()
         self.nft.apply(ruleset(s for t in self.tunnels.values() for s in t.sessions.values()))
+        self.nft_seconds = time.monotonic() - t
 
     @staticmethod
     def _quiet(fn) -> None:
@@ -421,11 +662,25 @@ class OffloadServer:
         except errors.PipexError as e:
             log.warning("%s", e)
 
+    @staticmethod
+    def _gone_ok(fn) -> None:
+        """Delete something that may already be gone (with its pppd or socket)."""
+        try:
+            fn()
+        except errors.NotFoundError:
+            pass
+        except errors.PipexError as e:
+            log.warning("%s", e)
+
     def status(self) -> dict:
         with self.lock:
             return {
                 "tunnels": [{"tunnel_id": t.tunnel_id, "peer_tunnel_id": t.peer_tunnel_id, "local": t.local,
                              "private_port": t.private_port, "peer": f"{t.peer}:{t.peer_port}",
-                             "sessions": sorted(t.sessions)} for t in self.tunnels.values()],
+                             "sessions": sorted(t.sessions), "holds_socket": t.sock is not None,
+                             "pppd_pids": {c: r.pppd_pid for c, r in t.records.items()}}
+                            for t in self.tunnels.values()],
                 "stats": dict(self.stats),
+                "reconcile": self.last_reconcile,
+                "channel_latency_ms": _percentiles([x * 1000 for x in self.latencies]),
             }

@@ -63,6 +63,7 @@ class Lab:
     lns: Instance | None = None
     lacs: list[Instance] = field(default_factory=list)
     serves: list = field(default_factory=list)
+    sections: int = 1  # [lac] sections per LAC, each its own tunnel: "lns", "lns2", ...
 
     def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
@@ -122,10 +123,9 @@ pppoptfile = {self.lns.dir}/options
             (lac.dir / "options").write_text(PPP_OPTS_COMMON + f"logfile {lac.dir}/pppd.log\n"
                                              + "ipcp-accept-local\nipcp-accept-remote\n"
                                              + extra_pppd.format(sock=self.serve_socket(lac)))
-            lac.dir.joinpath("xl2tpd.conf").write_text(
-                self._global(lac.local)
-                + f"""
-[lac lns]
+            lac.dir.joinpath("xl2tpd.conf").write_text(self._global(lac.local) + "".join(
+                f"""
+[lac {name}]
 lns = {lac.peer}
 require authentication = no
 refuse chap = yes
@@ -134,8 +134,10 @@ name = {lac.name}
 length bit = yes
 redial = no
 pppoptfile = {lac.dir}/options
-"""
-            )
+""" for name in self.section_names()))
+
+    def section_names(self) -> list[str]:
+        return ["lns"] + [f"lns{i}" for i in range(2, self.sections + 1)]
 
     # ---- pipexctl serve
     def serve_socket(self, inst: Instance) -> str:
@@ -154,7 +156,7 @@ pppoptfile = {lac.dir}/options
         )
         self.serves.append(p)
         end = time.monotonic() + 60
-        while not os.path.exists(sock):
+        while not _accepts(sock):  # a killed daemon's socket file may still be there
             if p.poll() is not None or time.monotonic() > end:
                 raise RuntimeError(f"pipexctl serve did not start: {(inst.dir / 'serve.log').read_text()[-2000:]}")
             time.sleep(0.1)
@@ -186,14 +188,14 @@ pppoptfile = {lac.dir}/options
         finally:
             os.close(fd)
 
-    def connect(self, lac: Instance, timeout: float = 30) -> None:
-        """Bring up one call from ``lac`` and wait for pppd to finish IPCP."""
+    def connect(self, lac: Instance, timeout: float = 30, section: str = "lns") -> None:
+        """Bring up one call from ``lac`` and wait for xl2tpd to establish it."""
         start = lac.log.stat().st_size
-        self.control(lac, "c lns")
+        self.control(lac, f"c {section}")
         self.wait_log(lac, "Call established", timeout=timeout, offset=start)
 
-    def disconnect(self, lac: Instance) -> None:
-        self.control(lac, "d lns")
+    def disconnect(self, lac: Instance, section: str = "lns") -> None:
+        self.control(lac, f"d {section}")
 
     def kill(self, inst: Instance, sig: int = signal.SIGTERM) -> None:
         if inst.proc and inst.proc.poll() is None:
@@ -262,6 +264,19 @@ pppoptfile = {lac.dir}/options
             for extra in ("serve.log", "pppd.log"):
                 if (inst.dir / extra).exists():
                     shutil.copy(inst.dir / extra, dest / f"{inst.name}-{extra}")
+
+
+def _accepts(path: str) -> bool:
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 
 def _xl2tpd_pid(inst: Instance) -> int:

@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", type=int, default=2048, help="guest memory in MiB")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1500.0)
+    p.add_argument("--keep-results", metavar="DIR", help="copy the guest's $PIPEXCTL_RESULTS here afterwards")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -361,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipexctl-vm: {e}", file=sys.stderr)
         return BOOT_FAILED
     print(f"pipexctl-vm: guest exit status {r.returncode} ({r.total_seconds:.1f} s)", file=sys.stderr)
+    if a.keep_results:
+        shutil.copytree(r.results_dir, a.keep_results, dirs_exist_ok=True)
     shutil.rmtree(r.results_dir, ignore_errors=True)
     return r.returncode
 

@@ -63,3 +63,23 @@ def test_nft_accepts_the_transactions():
     for doc in (ruleset([A, B, C]), ruleset([]), delete_table()):
         r = subprocess.run([nft, "-c", "-j", "-f", "-"], input=json.dumps(doc), capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
+
+
+def test_libnftables_binding_checks_like_the_nft_program():
+    """The in-process path (ctypes libnftables, dry run) accepts what nft
+    accepts and rejects a broken transaction with nft's own message."""
+    from pipexctl import errors
+    from pipexctl.offload.steering import Nft
+
+    nft = Nft(dry_run=True)
+    assert nft._lib is not None, "libnftables.so.1 not loadable"
+    for doc in (ruleset([A, B, C]), ruleset([]), delete_table()):
+        nft.apply(doc)
+    bad = ruleset([A])
+    bad["nftables"][-1]["add"]["rule"]["chain"] = "no-such-chain"
+    try:
+        nft.apply(bad)
+    except errors.KernelError as e:
+        assert "no-such-chain" in str(e) or "No such file" in str(e), e
+    else:
+        raise AssertionError("a rule in a missing chain was accepted")

@@ -1,0 +1,199 @@
+"""Control-plane benchmark, run inside the guest (not a test: asserts nothing).
+
+1. Sessions created + deleted per second: the library (one generic-netlink
+   socket reused) against one ``ip l2tp add/del session`` process per
+   session, for 100, 1,000 and 10,000 sessions, in one tunnel and spread
+   over 1,000 tunnels.  ``ip l2tp`` is run up to 1,000 sessions only: at
+   10,000 it alone would take longer than the whole benchmark budget under
+   TCG (the per-process cost is flat, so 1,000 gives its rate).
+2. The scaling curve: the library's per-operation cost in blocks of 100
+   operations as the tunnel fills to 10,000 sessions and empties again.
+3. Resident memory of a `pipexctl serve` daemon (real OffloadServer and
+   Discovery, null kernel backend) tracking 0, 1,000 and 10,000 offloaded
+   sessions learned from synthetic xl2tpd log lines.
+
+    python -m pipexctl.testing.vm -- .venv/bin/python bench/controlplane.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipexctl import netns  # noqa: E402
+from pipexctl.kernel.netlink import L2tpNetlink  # noqa: E402
+from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec  # noqa: E402
+
+NS = "pxbenchcp"
+
+
+def tunnels(nl: L2tpNetlink, n: int) -> list[int]:
+    ids = list(range(1, n + 1))
+    for t in ids:
+        nl.tunnel_create(TunnelSpec(tunnel_id=t, peer_tunnel_id=t, version=3, encap=Encap.udp,
+                                    local=Endpoint.parse(f"127.0.0.1:{20000 + t}"),
+                                    remote=Endpoint.parse(f"127.0.0.1:{40000 + t}")))
+    return ids
+
+
+def placement(n: int, tids: list[int]) -> list[tuple[int, int]]:
+    return [(tids[i % len(tids)], i + 1) for i in range(n)]
+
+
+def lib_run(nl: L2tpNetlink, where: list[tuple[int, int]], curve: bool = False) -> dict:
+    blocks: list[float] = []
+    t0 = time.perf_counter()
+    b = t0
+    for k, (t, s) in enumerate(where, 1):
+        nl.session_create(SessionSpec(tunnel_id=t, session_id=s, peer_session_id=s, version=3, pw_type=PwType.ppp))
+        if curve and k % 100 == 0:
+            now = time.perf_counter()
+            blocks.append((now - b) / 100)
+            b = now
+    t1 = time.perf_counter()
+    b = t1
+    for k, (t, s) in enumerate(where, 1):
+        nl.session_delete(t, s)
+        if curve and k % 100 == 0:
+            now = time.perf_counter()
+            blocks.append((now - b) / 100)
+            b = now
+    t2 = time.perf_counter()
+    n = len(where)
+    r = {"sessions": n, "create_s": t1 - t0, "delete_s": t2 - t1, "per_op_us": (t2 - t0) / (2 * n) * 1e6,
+         "sessions_per_s": n / (t2 - t0)}
+    if curve:
+        r["curve_per_op_us"] = [x * 1e6 for x in blocks]
+    return r
+
+
+def ip_run(where: list[tuple[int, int]]) -> dict:
+    def ip(*a: str) -> None:
+        r = subprocess.run(["ip", *a], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"ip {' '.join(a)}: {r.stderr.strip()}")
+
+    t0 = time.perf_counter()
+    for t, s in where:
+        ip("l2tp", "add", "session", "tunnel_id", str(t), "session_id", str(s), "peer_session_id", str(s),
+           "pseudowire", "ppp")
+    t1 = time.perf_counter()
+    for t, s in where:
+        ip("l2tp", "del", "session", "tunnel_id", str(t), "session_id", str(s))
+    t2 = time.perf_counter()
+    n = len(where)
+    return {"sessions": n, "create_s": t1 - t0, "delete_s": t2 - t1, "per_op_us": (t2 - t0) / (2 * n) * 1e6,
+            "sessions_per_s": n / (t2 - t0)}
+
+
+def rss_child(n: int) -> int:
+    """Run in a fresh process: a serve daemon's objects with n offloaded calls; prints VmRSS (KiB)."""
+    import tempfile
+
+    from pipexctl.discovery.discovery import Discovery
+    from pipexctl.kernel.backend import NullBackend
+    from pipexctl.offload.server import OffloadServer, TunnelState
+    from pipexctl.offload.statefile import SessionRecord
+    from pipexctl.offload.steering import Steer
+
+    class NoNft:
+        def apply(self, doc: dict) -> None:
+            pass
+
+    d = tempfile.mkdtemp()
+    log = Path(d, "xl2tpd.log")
+    lines = ["xl2tpd[100]: xl2tpd version xl2tpd-1.3.18 started on lns PID:100"]
+    per = 10  # calls per tunnel
+    for t in range((n + per - 1) // per):
+        tid = t + 1
+        peer = f"10.{(t >> 16) & 255}.{(t >> 8) & 255}.{t & 255}"
+        lines.append(f"xl2tpd[100]: Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1} "
+                     f"(ref=0/0).  LNS session is 'default'")
+        for c in range(min(per, n - t * per)):
+            cid = t * per + c + 1
+            lines.append(f"xl2tpd[100]: Call established with {peer}, PID: {100000 + cid}, Local: {cid}, "
+                         f"Remote: {cid}, Serial: {cid}")
+    log.write_text("\n".join(lines) + "\n")
+    disc = Discovery([str(log)], proc=False, kernel=False)
+    disc.refresh(control=False)
+    srv = OffloadServer(os.path.join(d, "s.sock"), disc, NullBackend(), NoNft(), state_path=os.path.join(d, "st"))
+    for c in disc.tracker.calls():
+        key = (c.instance, c.tunnel_id)
+        ts = srv.tunnels.get(key)
+        if ts is None:
+            ts = srv.tunnels[key] = TunnelState(c.instance, c.tunnel_id, c.peer_tunnel_id, "10.99.0.1", c.peer,
+                                                1701, None, 40000)
+        ts.sessions[c.call_id] = Steer("10.99.0.1", c.peer, 1701, 40000, c.tunnel_id, c.call_id)
+        ts.records[c.call_id] = SessionRecord(call_id=c.call_id, peer_call_id=c.peer_call_id, pppd_pid=c.pppd_pid)
+    tracked = sum(len(t.sessions) for t in srv.tunnels.values())
+    assert tracked == n, (tracked, n)
+    srv._save()
+    with open("/proc/self/status") as f:
+        rss = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+    print(json.dumps({"sessions": n, "rss_kib": rss, "tracked": tracked}))
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="100,1000,10000")
+    p.add_argument("--ip-max", type=int, default=1000)
+    p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "controlplane.json"))
+    p.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.rss_child is not None:
+        return rss_child(a.rss_child)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    subprocess.run(["modprobe", "-a", "l2tp_netlink", "l2tp_ppp"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    subprocess.run(["ip", "netns", "add", NS], check=True)
+    res: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "one_tunnel": [], "many_tunnels": []}
+    try:
+        with netns.enter(NS):  # this thread and its ip children work in the bench namespace
+            nl = L2tpNetlink()
+            one = tunnels(nl, 1)
+            for n in sizes:
+                r = {"lib": lib_run(nl, placement(n, one), curve=(n == max(sizes)))}
+                if n <= a.ip_max:
+                    r["ip"] = ip_run(placement(n, one))
+                    r["speedup"] = r["ip"]["per_op_us"] / r["lib"]["per_op_us"]
+                res["one_tunnel"].append(r)
+                print("one tunnel", n, {k: round(v["per_op_us"], 1) for k, v in r.items() if isinstance(v, dict)},
+                      flush=True)
+            for t in one:
+                nl.tunnel_delete(t)
+            many = tunnels(nl, 1000)
+            for n in sizes:
+                r = {"lib": lib_run(nl, placement(n, many))}
+                if n <= a.ip_max:
+                    r["ip"] = ip_run(placement(n, many))
+                    r["speedup"] = r["ip"]["per_op_us"] / r["lib"]["per_op_us"]
+                res["many_tunnels"].append(r)
+                print("1000 tunnels", n, {k: round(v["per_op_us"], 1) for k, v in r.items() if isinstance(v, dict)},
+                      flush=True)
+            for t in many:
+                nl.tunnel_delete(t)
+            nl.close()
+    finally:
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    res["serve_rss"] = []
+    for n in (0, 1000, 10000):
+        out = subprocess.run([sys.executable, __file__, "--rss-child", str(n)], capture_output=True, text=True)
+        if out.returncode:
+            res["serve_rss"].append({"sessions": n, "error": out.stderr.strip()[-400:]})
+        else:
+            res["serve_rss"].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print("serve rss", res["serve_rss"][-1], flush=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""What `pipexctl serve` created, on disk, and how a restart reconciles it.
+
+The file (default ``/run/pipexctl/state.json``, mode 0600) lists each kernel
+tunnel the daemon made (xl2tpd instance, ids, addresses, the private UDP
+port) and each offloaded session in it (call ids, the owning pppd's PID).
+It is written after every change with temp file + fsync + rename, so a
+crash leaves either the old or the new file, never a torn one.
+
+At start the daemon calls :func:`plan` with what the file says, what the
+kernel holds and what discovery knows, and gets three lists:
+
+- *adopt*: a session whose kernel object exists, whose pppd is alive and
+  whose call discovery still reports (same instance, tunnel, call, PID);
+- *remove*: sessions and tunnels that are ours (recorded, and the kernel
+  tunnel still sits on the recorded private port) but orphaned;
+- *forget*: records with nothing left in the kernel, or whose ids the
+  kernel now uses for something that is not ours (never touched).
+
+A file that cannot be read or does not validate is moved aside
+(``state.json.corrupt-<time>``) with a warning and treated as empty; it is
+never trusted and never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Literal, Optional
+
+from pydantic import BaseModel, Field, ValidationError
+
+from ..model import Session, Tunnel
+
+VERSION = 1
+
+
+class SessionRecord(BaseModel):
+    call_id: int = Field(ge=1, le=65535)
+    peer_call_id: int = Field(ge=0, le=65535)
+    pppd_pid: int = Field(ge=1)
+    role: str = "unknown"
+    pty: Optional[str] = Field(None, pattern=r"^/dev/pts/[0-9]{1,7}$")  # the slave end the daemon holds
+
+
+class TunnelRecord(BaseModel):
+    instance: str
+    tunnel_id: int = Field(ge=1, le=65535)
+    peer_tunnel_id: int = Field(ge=0, le=65535)
+    local: str
+    peer: str
+    peer_port: int = Field(ge=1, le=65535)
+    private_port: int = Field(ge=1, le=65535)
+    sessions: list[SessionRecord] = Field(default_factory=list)
+
+
+class State(BaseModel):
+    version: Literal[1] = VERSION
+    written: float = 0.0
+    pid: int = 0
+    tunnels: list[TunnelRecord] = Field(default_factory=list)
+
+
+def load(path: str) -> tuple[State, Optional[str]]:
+    """The recorded state and a warning (None when all is well).
+
+    Missing file: empty state.  Unreadable or invalid: moved aside, empty."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(16 * 1024 * 1024 + 1)
+    except FileNotFoundError:
+        return State(), None
+    except OSError as e:
+        return State(), f"cannot read state file {path}: {e.strerror}; starting from nothing recorded"
+    why = None
+    if len(raw) > 16 * 1024 * 1024:
+        why = "larger than 16 MiB"
+    else:
+        try:
+            return State.model_validate(json.loads(raw.decode("utf-8"))), None
+        except (ValueError, UnicodeDecodeError, ValidationError) as e:
+            why = str(e).splitlines()[0][:200]
+    aside = f"{path}.corrupt-{int(time.time())}"
+    try:
+        os.replace(path, aside)
+        where = f"moved to {aside}"
+    except OSError as e:
+        where = f"could not move it aside: {e.strerror}"
+    return State(), f"state file {path} is not valid ({why}); {where}; starting from nothing recorded"
+
+
+def save(path: str, state: State) -> None:
+    """Atomic replace: temp file in the same directory, fsync, rename, fsync dir."""
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    state = state.model_copy(update={"written": time.time(), "pid": os.getpid()})
+    data = state.model_dump_json().encode()
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+@dataclass
+class Plan:
+    adopt: list[TunnelRecord] = field(default_factory=list)  # each with only its adopted sessions
+    remove_sessions: list[tuple[int, int, str]] = field(default_factory=list)  # (tunnel, session, why)
+    remove_tunnels: list[tuple[int, str]] = field(default_factory=list)  # (tunnel, why)
+    forget: list[str] = field(default_factory=list)  # records dropped without touching the kernel
+
+    def summary(self) -> dict:
+        return {"adopted_tunnels": len(self.adopt), "adopted_sessions": sum(len(t.sessions) for t in self.adopt),
+                "removed_sessions": len(self.remove_sessions), "removed_tunnels": len(self.remove_tunnels),
+                "forgotten": len(self.forget)}
+
+
+def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterable[Session],
+         call_alive: Callable[[str, int, int, int], bool]) -> Plan:
+    """Decide what to adopt and what to remove (pure; unit-tested).
+
+    ``call_alive(instance, tunnel_id, call_id, pppd_pid)``: discovery still
+    reports that call with that pppd, and the pppd process lives."""
+    kt = {t.tunnel_id: t for t in kernel_tunnels}
+    ks = {(s.tunnel_id, s.session_id) for s in kernel_sessions}
+    p = Plan()
+    for rec in state.tunnels:
+        t = kt.get(rec.tunnel_id)
+        if t is None:
+            p.forget.append(f"tunnel {rec.tunnel_id}: no longer in the kernel")
+            continue
+        sport = t.local.port if t.local else None
+        if t.peer_tunnel_id != rec.peer_tunnel_id or sport != rec.private_port:
+            # the id now belongs to another tunnel (xl2tpd kernel mode, another tool): not ours
+            p.forget.append(f"tunnel {rec.tunnel_id}: the kernel's tunnel with this id is not ours "
+                            f"(peer id {t.peer_tunnel_id}, port {sport})")
+            continue
+        kept = []
+        for s in rec.sessions:
+            if (rec.tunnel_id, s.call_id) not in ks:
+                p.forget.append(f"session {rec.tunnel_id}/{s.call_id}: no longer in the kernel")
+            elif call_alive(rec.instance, rec.tunnel_id, s.call_id, s.pppd_pid):
+                kept.append(s)
+            else:
+                p.remove_sessions.append((rec.tunnel_id, s.call_id, f"call gone or pppd {s.pppd_pid} dead"))
+        if kept:
+            p.adopt.append(rec.model_copy(update={"sessions": kept}))
+        else:
+            p.remove_tunnels.append((rec.tunnel_id, "no live call left"))
+    return p

@@ -1,0 +1,90 @@
+"""The serve daemon's state file and its restart plan (no kernel needed)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+
+from pipexctl.model import Encap, Endpoint, PwType, Session, Tunnel
+from pipexctl.offload import statefile
+from pipexctl.offload.statefile import SessionRecord, State, TunnelRecord
+
+
+def rec(tid=10, ptid=20, port=40000, sessions=((1, 2, 100),)):
+    return TunnelRecord(instance="log", tunnel_id=tid, peer_tunnel_id=ptid, local="10.0.0.1", peer="10.0.0.2",
+                        peer_port=1701, private_port=port,
+                        sessions=[SessionRecord(call_id=c, peer_call_id=p, pppd_pid=pid) for c, p, pid in sessions])
+
+
+def ktun(tid=10, ptid=20, port=40000):
+    return Tunnel(tunnel_id=tid, peer_tunnel_id=ptid, version=2, encap=Encap.udp,
+                  local=Endpoint(address=ipaddress.ip_address("10.0.0.1"), port=port),
+                  remote=Endpoint(address=ipaddress.ip_address("10.0.0.2"), port=1701))
+
+
+def ksess(tid, sid):
+    return Session(tunnel_id=tid, session_id=sid, peer_session_id=1, pw_type=PwType.ppp)
+
+
+def test_save_then_load_round_trips_with_mode_0600(tmp_path):
+    path = str(tmp_path / "d" / "state.json")
+    statefile.save(path, State(tunnels=[rec()]))
+    st, warning = statefile.load(path)
+    assert warning is None
+    assert st.tunnels == [rec()] and st.pid == os.getpid()
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert [p.name for p in (tmp_path / "d").iterdir()] == ["state.json"]  # no temp file left
+
+
+def test_missing_file_is_an_empty_state_without_warning(tmp_path):
+    st, warning = statefile.load(str(tmp_path / "none.json"))
+    assert st.tunnels == [] and warning is None
+
+
+def test_corrupt_or_invalid_files_are_moved_aside_never_trusted(tmp_path):
+    bad = {
+        "torn": b'{"version": 1, "tunnels": [{"inst',
+        "binary": b"\xff\xfe\x00garbage",
+        "wrong-version": json.dumps({"version": 9, "tunnels": []}).encode(),
+        "out-of-range": json.dumps({"version": 1, "tunnels": [
+            {**rec().model_dump(), "tunnel_id": 70000}]}).encode(),
+        "wrong-type": b"[1, 2, 3]",
+    }
+    for name, data in bad.items():
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(data)
+        st, warning = statefile.load(str(path))
+        assert st.tunnels == [], name
+        assert warning and "is not valid" in warning and "moved to" in warning, (name, warning)
+        assert not path.exists()
+        (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith(f"{name}.json.corrupt-")]
+        assert aside.read_bytes() == data
+
+
+def test_plan_adopts_live_calls_and_removes_orphans():
+    state = State(tunnels=[rec(10, 20, 40000, [(1, 2, 100), (3, 4, 101)]), rec(11, 21, 40001, [(5, 6, 102)])])
+    alive = {("log", 10, 1, 100)}
+    p = statefile.plan(state, [ktun(10, 20, 40000), ktun(11, 21, 40001)],
+                       [ksess(10, 1), ksess(10, 3), ksess(11, 5)], lambda *k: k in alive)
+    assert [(t.tunnel_id, [s.call_id for s in t.sessions]) for t in p.adopt] == [(10, [1])]
+    assert [(t, s) for t, s, _ in p.remove_sessions] == [(10, 3), (11, 5)]
+    assert [t for t, _ in p.remove_tunnels] == [11]
+    assert p.summary()["adopted_sessions"] == 1 and p.summary()["removed_tunnels"] == 1
+
+
+def test_plan_never_touches_a_kernel_tunnel_that_is_not_ours():
+    # same id, but another peer id or another port: xl2tpd's kernel mode or another tool owns it
+    state = State(tunnels=[rec(10, 20, 40000), rec(11, 21, 40001)])
+    p = statefile.plan(state, [ktun(10, 99, 40000), ktun(11, 21, 1701)], [ksess(10, 1), ksess(11, 1)],
+                       lambda *k: False)
+    assert p.adopt == [] and p.remove_sessions == [] and p.remove_tunnels == []
+    assert len(p.forget) == 2 and all("not ours" in f for f in p.forget)
+
+
+def test_plan_forgets_what_the_kernel_already_dropped():
+    state = State(tunnels=[rec(10, 20, 40000, [(1, 2, 100)]), rec(12, 22, 40002)])
+    p = statefile.plan(state, [ktun(10, 20, 40000)], [], lambda *k: True)
+    # session 1 went with its pppd; its tunnel is ours and empty: removed; tunnel 12 is gone
+    assert [t for t, _ in p.remove_tunnels] == [10]
+    assert any("tunnel 12" in f for f in p.forget) and any("session 10/1" in f for f in p.forget)

@@ -74,7 +74,7 @@ def call_latency(lab: Lab, lac, cycles: int) -> dict:
     return {inst.name: serve_status(lab.serve_socket(inst))["channel_latency_ms"] for inst in (lab.lns, lac)}
 
 
-def run_case(case: str, runs: int, seconds: int, cycles: int = 10) -> dict:
+def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
     kernel = case == "c-xl2tpd-kernel"
     lab = Lab(kernel_mode=kernel).setup(1)
     try:

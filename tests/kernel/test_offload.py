@@ -7,6 +7,7 @@ listing, xl2tpd-control, /proc/<pppd>/fd.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.testing.lab import Lab
 
 from .conftest import ip_l2tp, wait_until
@@ -64,6 +66,18 @@ def nft_rules(ns):
 def status_lns_bytes(lab):
     out = sh("xl2tpd-control", "-d", "-c", lab.lns.control, "status-lns", "default")
     return sum(int(ln.split("=")[1]) for ln in out.splitlines() if "_bytes=" in ln)
+
+
+def iperf_bytes(server_ns, client_ns, addr, seconds):
+    """Bytes iperf3's server received in a TCP run of ``seconds``."""
+    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = sh("ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-t", str(seconds), "-J")
+        return int(json.loads(out[:out.rindex("}") + 1])["end"]["sum_received"]["bytes"])
+    finally:
+        srv.wait(30)
 
 
 def offloaded_call(lab):
@@ -117,6 +131,15 @@ def test_offload_both_sides(lab):
     link1 = json.loads(sh("ip", "-n", lab.lns.ns, "-s", "-j", "link", "show", "ppp0"))[0]["stats64"]["rx"]["bytes"]
     assert link1 - link0 >= 20 * 1200
     assert status_lns_bytes(lab) == before_x, "xl2tpd's own per-call counters must stay flat"
+    # iperf3 through the offloaded session: the kernel session's own counters
+    # (generic netlink, as `ip l2tp` cannot show them) grow by at least what
+    # iperf3 moved, and xl2tpd still counts nothing
+    with contextlib.closing(NetlinkBackend(netns=lab.lns.ns)) as nl:
+        rx0 = nl.session_get(ls["tunnel_id"], ls["session_id"]).stats.rx_bytes
+        moved = iperf_bytes(lab.lns.ns, l1.ns, "10.99.100.1", 3)
+        rx1 = nl.session_get(ls["tunnel_id"], ls["session_id"]).stats.rx_bytes
+    assert moved > 100_000 and rx1 - rx0 >= moved, (moved, rx1 - rx0)
+    assert status_lns_bytes(lab) == before_x
     rules = nft_rules(lab.lns.ns)
     assert rules and len(rules) == 3  # two prerouting (L bit clear/set) + one output
     steered = sum(e["counter"]["packets"] for r in rules if r["chain"] == "pre" for e in r["expr"] if "counter" in e)

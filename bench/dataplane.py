@@ -44,22 +44,6 @@ def ping_latency(ns: str, addr: str) -> dict:
             "received": len(rtts)}
 
 
-def serve_status(path: str) -> dict:
-    import socket
-
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(path)
-    s.sendall(b'{"op": "status"}\n')
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    s.close()
-    return json.loads(data)
-
-
 def call_latency(lab: Lab, lac, cycles: int) -> dict:
     """Hang up and redial ``cycles`` times; the daemons' own figures for each
     pppd's request -> kernel session made and its socket sent (p50/p99)."""
@@ -71,7 +55,7 @@ def call_latency(lab: Lab, lac, cycles: int) -> dict:
         lab.connect(lac)
         wait_ppp(lab.lns.ns)
         wait_ppp(lac.ns)
-    return {inst.name: serve_status(lab.serve_socket(inst))["channel_latency_ms"] for inst in (lab.lns, lac)}
+    return {inst.name: lab.serve_status(inst)["channel_latency_ms"] for inst in (lab.lns, lac)}
 
 
 def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:

@@ -276,10 +276,7 @@ class Discovery:
             ins = self.tracker.inst(s.name)
             if ins.daemon_pid == p.ppid:
                 if any(c.pppd_pid == pid for c in ins.calls.values()):
-                    return []
-                taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
-                if pid in taken:
-                    return []
+                    return []  # already matched
                 cands = [c for c in ins.calls.values() if c.pppd_pid is None and _matches(p, c)]
                 if len(cands) == 1:
                     return self.tracker.observe_pppd(s.name, cands[0].call_id, pid)

@@ -169,7 +169,6 @@ class OffloadServer:
         self.teardown_on_exit = teardown_on_exit
         self.reload = threading.Event()
         self.last_reconcile: dict = {}
-        self.why_not: dict[int, str] = {}
         self.nft_seconds = 0.0  # the last rule-set write
         self.latencies: collections.deque = collections.deque(maxlen=1000)  # request -> fd sent, seconds
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
@@ -183,7 +182,6 @@ class OffloadServer:
         self.lock = threading.RLock()
         self.dlock = threading.Lock()
         self.polled = threading.Condition(self.dlock)  # notified after each discovery poll
-        self.waiting = 0  # pppds waiting for their call to show up
         self.pending: list = []  # events found by waiters, handled by the watcher
         self.tunnels: dict[tuple[str, int], TunnelState] = {}
         self.stop = threading.Event()
@@ -246,7 +244,7 @@ class OffloadServer:
                 log.info("stopping: %d offloaded session(s) left running for the next start to adopt", n)
                 return
             for key in list(self.tunnels):
-                self._drop_tunnel(key, "pipexctl serve stopping", reapply=False)
+                self._drop_tunnel(key, "pipexctl serve stopping", sync=False)
             try:
                 self.nft.apply(delete_table())
             except errors.PipexError as e:
@@ -390,8 +388,7 @@ class OffloadServer:
                 self._gone_ok(lambda: self.backend.session_delete(ts.tunnel_id, e.call.call_id))
                 self.stats["removed"] += 1
                 log.info("call %d of tunnel %d ended (%s): offload removed", e.call.call_id, ts.tunnel_id, e.reason)
-                self._quiet(self._apply_rules)
-                self._save()
+                self._sync()
         elif isinstance(e, TunnelDown):
             key = (e.tunnel.instance, e.tunnel.tunnel_id)
             if key in self.tunnels:
@@ -468,11 +465,10 @@ class OffloadServer:
             self._reply(conn, {"ok": False, "error": f"pid {pid} is not a pppd started by xl2tpd"})
             return False
         t0 = time.monotonic()
-        call = self._wait_for_call(pid)
+        call, why = self._wait_for_call(pid)
         t1 = time.monotonic()
         if call is None:
             self.stats["refused"] += 1
-            why = self.why_not.pop(pid, "")
             log.warning("pppd %d refused: no complete xl2tpd call within %.0f s: %s", pid, self.wait, why)
             self._reply(conn, {"ok": False, "error": f"no xl2tpd call for pppd {pid} within {self.wait:.0f} s: {why}"})
             return False
@@ -510,44 +506,38 @@ class OffloadServer:
         self.ptys.hold((call.instance, call.call_id), pty)
         return True
 
-    def _wait_for_call(self, pid: int) -> Optional[CallInfo]:
-        """The call of pppd ``pid``, once discovery knows it (bounded by ``wait``).
+    def _wait_for_call(self, pid: int) -> tuple[Optional[CallInfo], str]:
+        """The call of pppd ``pid``, once discovery knows it (bounded by ``wait``),
+        or None and why not.
 
         The LNS logs the pppd PID; the LAC's comes from that one pppd's /proc
         entry (its argv against the one xl2tpd logged for the call).  The
         watcher thread reads the logs for every waiter at once."""
         end = time.monotonic() + self.wait
         with self.dlock:
-            self.waiting += 1
-            try:
-                asked = 0.0
-                while True:
-                    self.pending += self.d.observe_process(pid)
-                    for c in self.d.tracker.calls():
-                        if c.pppd_pid == pid and None not in (c.tunnel_id, c.peer_tunnel_id, c.peer_call_id):
-                            return c.model_copy()
-                        if c.pppd_pid == pid and time.monotonic() - asked > 0.5:
-                            # known but not its tunnel: an LNS log names only the peer's
-                            # address, ambiguous with several tunnels from one peer;
-                            # xl2tpd's control pipe (status-lns) says which
-                            asked = time.monotonic()
-                            nw = len(self.d.warnings)
-                            self.pending += self.d.ask_control()
-                            for w in self.d.warnings[nw:]:
-                                log.warning("discovery: %s", w)
-                            del self.d.warnings[nw:]
-                            break
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        mine = [c for c in self.d.tracker.calls() if c.pppd_pid == pid]
-                        self.why_not[pid] = (
-                            f"call {mine[0].call_id} known, but not yet its tunnel/peer ids "
-                            f"(tunnel {mine[0].tunnel_id}, peer tunnel {mine[0].peer_tunnel_id}, "
-                            f"peer call {mine[0].peer_call_id})" if mine else "no call names this pid")
-                        return None
-                    self.polled.wait(min(left, 1.0))
-            finally:
-                self.waiting -= 1
+            asked = 0.0
+            while True:
+                self.pending += self.d.observe_process(pid)
+                mine = next((c for c in self.d.tracker.calls() if c.pppd_pid == pid), None)
+                if mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id):
+                    return mine.model_copy(), ""
+                if mine is not None and time.monotonic() - asked > 0.5:
+                    # known but not its tunnel: an LNS log names only the peer's
+                    # address, ambiguous with several tunnels from one peer;
+                    # xl2tpd's control pipe (status-lns) says which
+                    asked = time.monotonic()
+                    nw = len(self.d.warnings)
+                    self.pending += self.d.ask_control()
+                    for w in self.d.warnings[nw:]:
+                        log.warning("discovery: %s", w)
+                    del self.d.warnings[nw:]
+                    continue
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None, (f"call {mine.call_id} known, but not yet its tunnel/peer ids (tunnel "
+                                  f"{mine.tunnel_id}, peer tunnel {mine.peer_tunnel_id}, peer call "
+                                  f"{mine.peer_call_id})" if mine else "no call names this pid")
+                self.polled.wait(min(left, 1.0))
 
     # ---------------------------------------------------------- the offload
     def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None):
@@ -586,7 +576,7 @@ class OffloadServer:
             if session_made:
                 self._quiet(lambda: self.backend.session_delete(ts.tunnel_id, call.call_id))
             if new_tunnel:
-                self._drop_tunnel(key, "offload failed", reapply=False)
+                self._drop_tunnel(key, "offload failed", sync=False)
             raise
         meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
                 "peer_session_id": call.peer_call_id, "local": f"{ts.local}:{ts.private_port}",
@@ -630,10 +620,10 @@ class OffloadServer:
         if ts and ts.sessions.pop(call.call_id, None):
             ts.records.pop(call.call_id, None)
             self._gone_ok(lambda: self.backend.session_delete(tunnel_id, call.call_id))
-            self._quiet(self._apply_rules)
-            self._save()
+            self._sync()
 
-    def _drop_tunnel(self, key, reason: str, reapply: bool = True) -> None:
+    def _drop_tunnel(self, key, reason: str, sync: bool = True) -> None:
+        """Remove a tunnel and its sessions; ``sync=False``: the caller rewrites rules and state."""
         ts = self.tunnels.pop(key, None)
         if ts is None:
             return
@@ -646,14 +636,18 @@ class OffloadServer:
         if ts.sock is not None:
             ts.sock.close()
         log.info("tunnel %d removed (%s)", ts.tunnel_id, reason)
-        if reapply:
-            self._quiet(self._apply_rules)
+        if sync:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Rules and state file to what self.tunnels holds (a failed nft write is logged)."""
+        self._quiet(self._apply_rules)
         self._save()
 
     def _apply_rules(self) -> None:
-        t = time.monotonic()
+        start = time.monotonic()
         self.nft.apply(ruleset(s for t in self.tunnels.values() for s in t.sessions.values()))
-        self.nft_seconds = time.monotonic() - t
+        self.nft_seconds = time.monotonic() - start
 
     @staticmethod
     def _quiet(fn) -> None:

@@ -143,6 +143,23 @@ pppoptfile = {lac.dir}/options
     def serve_socket(self, inst: Instance) -> str:
         return f"/run/pipexctl-{inst.ns}/serve.sock"
 
+    def serve_status(self, inst: Instance) -> dict:
+        """The daemon's ``status`` reply (tunnels, stats, reconcile, latency)."""
+        import json
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(self.serve_socket(inst))
+            s.sendall(b'{"op": "status"}\n')
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        return json.loads(data)
+
     def serve(self, inst: Instance, *extra: str) -> subprocess.Popen:
         """Start `pipexctl serve` in ``inst``'s namespace, following its xl2tpd."""
         import sys
@@ -309,6 +326,12 @@ def wait_ppp(ns: str, timeout: float = 40) -> bool:
 
 def iperf(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1, reverse: bool = False) -> float:
     """iperf3 TCP throughput in Mbit/s (received), server in ``server_ns``."""
+    return iperf_received(server_ns, client_ns, addr, seconds, streams, reverse)["bits_per_second"] / 1e6
+
+
+def iperf_received(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1,
+                   reverse: bool = False) -> dict:
+    """iperf3's ``end.sum_received`` (bytes, bits_per_second, ...) of one TCP run."""
     import json
 
     srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
@@ -319,7 +342,7 @@ def iperf(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int 
         if reverse:
             args.append("-R")
         out = subprocess.run(args, capture_output=True, text=True).stdout
-        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+        return json.loads(out)["end"]["sum_received"]
     finally:
         try:
             srv.wait(30)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
-from pipexctl.testing.lab import Lab
+from pipexctl.testing.lab import Lab, iperf_received
 
 from .conftest import ip_l2tp, wait_until
 
@@ -66,18 +66,6 @@ def nft_rules(ns):
 def status_lns_bytes(lab):
     out = sh("xl2tpd-control", "-d", "-c", lab.lns.control, "status-lns", "default")
     return sum(int(ln.split("=")[1]) for ln in out.splitlines() if "_bytes=" in ln)
-
-
-def iperf_bytes(server_ns, client_ns, addr, seconds):
-    """Bytes iperf3's server received in a TCP run of ``seconds``."""
-    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        out = sh("ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-t", str(seconds), "-J")
-        return int(json.loads(out[:out.rindex("}") + 1])["end"]["sum_received"]["bytes"])
-    finally:
-        srv.wait(30)
 
 
 def offloaded_call(lab):
@@ -136,7 +124,7 @@ def test_offload_both_sides(lab):
     # iperf3 moved, and xl2tpd still counts nothing
     with contextlib.closing(NetlinkBackend(netns=lab.lns.ns)) as nl:
         rx0 = nl.session_get(ls["tunnel_id"], ls["session_id"]).stats.rx_bytes
-        moved = iperf_bytes(lab.lns.ns, l1.ns, "10.99.100.1", 3)
+        moved = iperf_received(lab.lns.ns, l1.ns, "10.99.100.1", 3)["bytes"]
         rx1 = nl.session_get(ls["tunnel_id"], ls["session_id"]).stats.rx_bytes
     assert moved > 100_000 and rx1 - rx0 >= moved, (moved, rx1 - rx0)
     assert status_lns_bytes(lab) == before_x
@@ -196,11 +184,6 @@ def test_no_daemon_falls_back_to_the_pty_or_fails_when_required(lab):
     assert "pipexctl_required is set" in (l2.dir / "pppd.log").read_text()
 
 
-def serve_status(lab, inst):
-    r = _ask(lab.serve_socket(inst), b'{"op": "status"}\n')
-    return json.loads(r.stdout)
-
-
 def kernel_objects(ns):
     """What an independent tool sees: iproute2's tunnels and sessions, nft's rules."""
     return len(ip_l2tp(ns, "tunnel")), len(ip_l2tp(ns, "session")), len(nft_rules(ns) or [])
@@ -231,7 +214,7 @@ def test_killed_pppd_and_killed_daemon_leave_nothing(lab):
     assert nft_rules(lab.lns.ns), "stale rules are expected until the daemon restarts"
     lab.serve(lab.lns)  # restart: reconcile
     wait_until(lambda: kernel_objects(lab.lns.ns) == (0, 0, 0), "stale rules reconciled away")
-    st = serve_status(lab, lab.lns)
+    st = lab.serve_status(lab.lns)
     assert st["tunnels"] == [] and st["reconcile"]["adopted_sessions"] == 0
     # and a new call is offloaded by the restarted daemon
     lab.disconnect(l1)
@@ -254,7 +237,7 @@ def test_restarted_daemon_adopts_running_sessions(lab):
     assert [s["pppd_pid"] for t in state["tunnels"] for s in t["sessions"]] == [pid]
     # restart: the session is adopted, the tunnel socket taken back from pppd
     srv = lab.serve(lab.lns)
-    st = serve_status(lab, lab.lns)
+    st = lab.serve_status(lab.lns)
     assert st["reconcile"]["adopted_sessions"] == 1 and st["reconcile"]["removed_sessions"] == 0, st
     (t,) = st["tunnels"]
     assert t["holds_socket"] and t["sessions"] == [before[0]["session_id"]]
@@ -271,7 +254,7 @@ def test_restarted_daemon_adopts_running_sessions(lab):
     os.killpg(srv.pid, signal.SIGKILL)
     srv.wait(10)
     lab.serve(lab.lns)
-    assert serve_status(lab, lab.lns)["reconcile"]["adopted_sessions"] == 1
+    assert lab.serve_status(lab.lns)["reconcile"]["adopted_sessions"] == 1
     # the adopted call hung up from the LNS side: everything goes on both sides
     sid = before[0]["session_id"]
     lab.control(lab.lns, f"h {sid}")
@@ -289,7 +272,7 @@ def test_killed_xl2tpd_while_offloaded_leaves_nothing(lab):
     wait_until(lambda: kernel_objects(lab.lns.ns) == (0, 0, 0), "LNS kernel state and rules removed", timeout=60)
     # pppd loses its channel when the session is deleted, and exits
     wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), "LNS pppd exited", timeout=60)
-    st = serve_status(lab, lab.lns)
+    st = lab.serve_status(lab.lns)
     assert st["tunnels"] == []
     # the LAC notices through its hello timeout much later; hang it up now and
     # stop its daemon with --teardown-on-exit semantics checked below
@@ -402,7 +385,7 @@ def test_twenty_concurrent_calls_from_four_lacs_all_offloaded():
         for peer in peers:
             ok, out = ping(lab.lns.ns, peer, count=2)
             assert ok, (peer, out)
-        st = serve_status(lab, lab.lns)
+        st = lab.serve_status(lab.lns)
         assert st["stats"]["offloaded"] == 20 and st["stats"]["failed"] == 0
         before_x = status_lns_bytes(lab)
         for peer in peers:

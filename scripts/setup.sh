@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 # qemu + Debian's kernel: the guest in which the real L2TP/PPP kernel runs.
 # ppp/xl2tpd/iperf3/nftables/iproute2: the lab.  gcc + headers: the ABI test
 # and the pppd plugin.  busybox-static: the guest's initramfs.
+# systemd: systemd-analyze for the unit test of systemd/pipexctl.service.
 PKGS=(qemu-system-x86 linux-image-amd64 busybox-static kmod iproute2 iputils-ping nftables
-      ppp ppp-dev xl2tpd iperf3 ethtool gcc libc6-dev linux-libc-dev make python3 python3-venv)
+      ppp ppp-dev xl2tpd iperf3 ethtool gcc libc6-dev linux-libc-dev make python3 python3-venv
+      systemd)
 
 if [ "$(id -u)" != 0 ]; then
   echo "setup: run as root (it installs Debian packages and the guest needs root)" >&2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import os
 import sys
 from typing import Callable, Optional
 
@@ -414,16 +415,44 @@ def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
 @cli.command()
 @click.option("--tunnel-id", type=id_type, help="Only this tunnel.")
 @click.option("--session-id", type=id_type, help="Only this session (with --tunnel-id).")
+@click.option("--serve", "from_serve", is_flag=True,
+              help="The numbers of `pipexctl serve` (the same as its --metrics): calls, offloads by outcome "
+                   "and reason, reconciles, and the counters of the sessions it offloaded.")
+@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+              help="The daemon's socket (with --serve).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @boundary
-def stat(app: AppContext, tunnel_id, session_id, as_json: bool) -> None:
+def stat(app: AppContext, tunnel_id, session_id, from_serve: bool, socket_path: str, as_json: bool) -> None:
     """Per-session counters (netlink SESSION_GET statistics).
 
     \b
-    Example:
+    Examples:
       pipexctl stat --tunnel-id 100 --session-id 10 --json
+      pipexctl stat --serve --json
     """
+    if from_serve:
+        from .offload.client import ask
+
+        m = ask(socket_path, {"op": "metrics"})
+        m.pop("ok", None)
+        m["sessions"] = [s for s in m["sessions"]
+                         if tunnel_id in (None, s["tunnel_id"]) and session_id in (None, s["session_id"])]
+        if as_json:
+            _emit_json(m)
+            return
+        o = m["offload"]
+        click.echo(f"offloaded: {m['offloaded_sessions']} session(s) in {m['offloaded_tunnels']} tunnel(s); "
+                   f"{o['offloaded']} offloads, {o['removed']} removed, "
+                   f"refused {sum(o['refused'].values())} {o['refused'] or ''}, "
+                   f"failed {sum(o['failed'].values())} {o['failed'] or ''}".rstrip())
+        click.echo("calls: " + (", ".join(f"{c['count']} {c['role']}/{c['data_path']}" for c in m["calls"]) or "none"))
+        r = m["reconcile"]
+        click.echo(f"reconcile: {r['runs']} run(s), {r['adopted']} adopted, {r['orphans_removed']} orphans removed")
+        rows = [[s["tunnel_id"], s["session_id"], s["peer"], s["rx_packets"], s["rx_bytes"], s["rx_errors"],
+                 s["tx_packets"], s["tx_bytes"], s["tx_errors"]] for s in m["sessions"]]
+        _table(rows, ["TUNNEL", "SESSION", "PEER", "RX-PKTS", "RX-BYTES", "RX-ERR", "TX-PKTS", "TX-BYTES", "TX-ERR"])
+        return
     if session_id is not None:
         if tunnel_id is None:
             raise errors.InvalidArgumentError("--session-id needs --tunnel-id")
@@ -593,6 +622,18 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
 # ---------------------------------------------------------------- offload
 
 
+def _check_listen(ctx, param, value):
+    if value is None:
+        return None
+    from .offload.metrics import parse_listen
+
+    try:
+        parse_listen(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
 @cli.command()
 @discovery_options
 @click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
@@ -605,11 +646,15 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
               help="State file of what the daemon made  [default: state.json next to --socket]")
 @click.option("--teardown-on-exit", is_flag=True,
               help="On SIGTERM remove every offloaded session (default: leave them running for the next start).")
+@click.option("--metrics", "metrics_listen", default=None, metavar="[HOST]:PORT", callback=_check_listen,
+              help="Serve Prometheus metrics on http://HOST:PORT/metrics (':PORT': every address).")
+@click.option("--metrics-max-sessions", default=1000, show_default=True, type=click.IntRange(0),
+              help="Per-session counter series at most; the rest are summed.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each offload and removal to stderr.")
 @click.pass_obj
 @boundary
 def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socket_path, wait, xl2tpd_port,
-          reconcile_interval, state_path, teardown_on_exit, verbose) -> None:
+          reconcile_interval, state_path, teardown_on_exit, metrics_listen, metrics_max_sessions, verbose) -> None:
     """Offload userspace-mode xl2tpd calls: hand pppd a kernel channel.
 
     pppd loads the plugin (`plugin pipexctl.so` in xl2tpd's pppd options file);
@@ -632,12 +677,26 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     from .offload.server import OffloadServer
     from .offload.steering import Nft
 
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="pipexctl serve: %(message)s")
+    # journald stamps each line itself; elsewhere (a log file) the time is ours to add
+    stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s.%(msecs)03d "
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format=stamp + "pipexctl serve: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S")
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
     backend = NetlinkBackend(netns=app.netns)
     srv = OffloadServer(socket_path, d, backend, Nft(netns=app.netns), wait=wait, xl2tpd_port=xl2tpd_port,
                         reconcile_interval=reconcile_interval, state_path=state_path,
                         teardown_on_exit=teardown_on_exit)
+    srv.max_session_series = metrics_max_sessions
+    httpd = None
+    if metrics_listen:
+        from .offload import metrics
+
+        try:
+            httpd = metrics.start(srv, metrics_listen)
+        except OSError as e:
+            d.close()
+            backend.close()
+            raise errors.SocketError(f"cannot serve metrics on {metrics_listen}: {e.strerror}") from None
     for sig in (_signal.SIGTERM, _signal.SIGINT):
         _signal.signal(sig, lambda *_: srv.stop.set())
     _signal.signal(_signal.SIGHUP, lambda *_: srv.reload.set())
@@ -647,6 +706,8 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     try:
         srv.serve_forever()
     finally:
+        if httpd is not None:
+            httpd.shutdown()
         d.close()
         backend.close()
 

@@ -9,6 +9,7 @@ root in a kernel with L2TP/PPP (the guest).
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -162,22 +163,30 @@ pppoptfile = {lac.dir}/options
 
     def serve(self, inst: Instance, *extra: str) -> subprocess.Popen:
         """Start `pipexctl serve` in ``inst``'s namespace, following its xl2tpd."""
+        return self.serve_all([inst], *extra)[0]
+
+    def serve_all(self, insts: list[Instance] | None = None, *extra: str) -> list[subprocess.Popen]:
+        """Start one `pipexctl serve` per instance at once (default: all), then
+        wait until each accepts (Python starts slowly under TCG: ~10 s each)."""
         import sys
 
-        sock = self.serve_socket(inst)
-        out = open(inst.dir / "serve.log", "ab")
-        p = subprocess.Popen(
-            ["ip", "netns", "exec", inst.ns, sys.executable, "-m", "pipexctl", "serve", "-v", "--socket", sock,
-             "--log", str(inst.log), "--control", inst.control, *extra],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        self.serves.append(p)
-        end = time.monotonic() + 60
-        while not _accepts(sock):  # a killed daemon's socket file may still be there
-            if p.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"pipexctl serve did not start: {(inst.dir / 'serve.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        return p
+        insts = insts if insts is not None else [*([self.lns] if self.lns else []), *self.lacs]
+        procs = []
+        for inst in insts:
+            out = open(inst.dir / "serve.log", "ab")
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", inst.ns, sys.executable, "-m", "pipexctl", "serve", "-v",
+                 "--socket", self.serve_socket(inst), "--log", str(inst.log), "--control", inst.control, *extra],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            out.close()
+        self.serves += procs
+        end = time.monotonic() + 90
+        for inst, p in zip(insts, procs):
+            while not _accepts(self.serve_socket(inst)):  # a killed daemon's socket file may still be there
+                if p.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"pipexctl serve did not start: {(inst.dir / 'serve.log').read_text()[-2000:]}")
+                time.sleep(0.1)
+        return procs
 
     # ---- processes
     def start(self, inst: Instance) -> None:
@@ -197,11 +206,30 @@ pppoptfile = {lac.dir}/options
         for lac in self.lacs:
             self.start(lac)
 
-    def control(self, inst: Instance, line: str) -> None:
-        """Write one request to the control pipe, as `echo ... > pipe` does."""
-        fd = os.open(inst.control, os.O_WRONLY | os.O_NONBLOCK)
+    def control(self, inst: Instance, line: str, timeout: float = 10) -> None:
+        """Write one request to the control pipe, as `echo ... > pipe` does,
+        and wait until xl2tpd has read it: xl2tpd 1.3.18 takes one read() as
+        one request, so two requests in the pipe at once become one garbled
+        one ("No such tunnel 'lns2\\nc'")."""
+        import fcntl
+        import struct
+        import termios
+
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fd = os.open(inst.control, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as e:  # ENXIO: xl2tpd has not opened its end yet (just started)
+                if e.errno != errno.ENXIO or time.monotonic() > end:
+                    raise
+                time.sleep(0.05)
         try:
             os.write(fd, (line + "\n").encode())
+            while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]:
+                if time.monotonic() > end:
+                    raise TimeoutError(f"{inst.name}: xl2tpd did not read {line!r} from its control pipe")
+                time.sleep(0.02)
         finally:
             os.close(fd)
 
@@ -274,6 +302,16 @@ pppoptfile = {lac.dir}/options
     def __exit__(self, *exc) -> None:
         self.teardown()
 
+    def tails(self, chars: int = 1500) -> str:
+        """The end of every log of the lab (xl2tpd, pppd, serve), for a failure message."""
+        out = []
+        for inst in [*([self.lns] if self.lns else []), *self.lacs]:
+            for f in (inst.log, inst.dir / "pppd.log", inst.dir / "serve.log"):
+                if f.exists():
+                    out.append(f"----- {inst.name}/{f.name} (last {chars} chars)\n"
+                               + f.read_text(errors="replace")[-chars:])
+        return "\n" + "\n".join(out)
+
     def keep_logs(self, dest: Path) -> None:
         for inst in [*( [self.lns] if self.lns else []), *self.lacs]:
             if inst.log.exists():
@@ -281,6 +319,37 @@ pppoptfile = {lac.dir}/options
             for extra in ("serve.log", "pppd.log"):
                 if (inst.dir / extra).exists():
                     shutil.copy(inst.dir / extra, dest / f"{inst.name}-{extra}")
+
+
+def kernel_objects(ns: str) -> dict:
+    """What independent tools see in ``ns``: iproute2's L2TP tunnels and
+    sessions, /proc/net/pppol2tp's PPP sessions, nft's steering rules, PPP
+    links."""
+    import json
+    import re
+
+    def run(*c: str) -> str:
+        return subprocess.run(list(c), capture_output=True, text=True).stdout
+
+    l2tp = run("ip", "-n", ns, "l2tp", "show", "session") + run("ip", "-n", ns, "l2tp", "show", "tunnel")
+    pppol2tp = run("ip", "netns", "exec", ns, "cat", "/proc/net/pppol2tp")
+    try:
+        nft = json.loads(run("ip", "netns", "exec", ns, "nft", "-j", "list", "table", "ip", "pipexctl"))["nftables"]
+    except (ValueError, KeyError):
+        nft = []
+    links = json.loads(run("ip", "-n", ns, "-j", "link", "show") or "[]")
+    return {
+        "tunnels": len(re.findall(r"^Tunnel \d+", l2tp, re.M)),
+        "sessions": len(re.findall(r"^Session \d+", l2tp, re.M)),
+        # the kernel's PPPoL2TP listing: "  SESSION 'name' ..." per PPP session
+        "pppol2tp_sessions": len(re.findall(r"^\s+SESSION '", pppol2tp, re.M)),
+        "nft_rules": sum(1 for i in nft if "rule" in i),
+        "ppp_links": sum(1 for i in links if i["ifname"].startswith("ppp")),
+    }
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def _accepts(path: str) -> bool:

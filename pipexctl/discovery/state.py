@@ -127,7 +127,14 @@ class Instance:
         self.kernel_mode: Optional[bool] = None
         self.tunnels: dict[int, TunnelInfo] = {}
         self.calls: dict[int, CallInfo] = {}
-        self.pending_lac_tunnel: Optional[int] = None
+        # LAC: outgoing calls not yet established, as (n-th "Calling on tunnel"
+        # line, tunnel id).  xl2tpd gives each outgoing call the next serial
+        # number right when it logs that line (global_serno, 1 at start), so
+        # "Call established ... Serial: S" names its line once one pair of
+        # (line number, serial) is known: the anchor.
+        self.calling: list[tuple[int, int]] = []
+        self.calling_seen = 0
+        self.serial_anchor: Optional[tuple[int, int]] = None
         self.pending_argv: Optional[tuple[str, ...]] = None
         self.last_lac_call: Optional[int] = None
         self.status_tunnel: Optional[int] = None
@@ -172,8 +179,7 @@ class Tracker:
         for cid in [c.call_id for c in ins.calls.values() if c.tunnel_id == tid]:
             ev += self._call_down(ins, cid, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
         ev.append(TunnelDown(tunnel=t, reason=reason))
-        if ins.pending_lac_tunnel == tid:
-            ins.pending_lac_tunnel = None
+        ins.calling = [e for e in ins.calling if e[1] != tid]  # its calls will never be established
         return ev
 
     def _call_down(self, ins: Instance, cid: int, reason: str) -> list[Event]:
@@ -200,6 +206,34 @@ class Tracker:
                 changed.append(k)
         return [CallUpdated(call=c.model_copy(deep=True), fields=changed)] if changed else []
 
+    def _lac_call_tunnel(self, ins: Instance, peer: str, serial: int) -> Optional[int]:
+        """The tunnel of an outgoing call from its serial number (see Instance.calling).
+
+        With no anchor yet, only an unambiguous pending call (one towards
+        this peer) is taken, and it sets the anchor.  Several LAC sections
+        dialling one LNS at once interleave their lines, so the last
+        "Calling on tunnel" line is not necessarily this call's."""
+        def peer_of(tid: int) -> Optional[str]:
+            t = ins.tunnels.get(tid)
+            return t.peer if t else None
+
+        pick = None
+        if ins.serial_anchor is not None:
+            d = (serial - ins.serial_anchor[1]) % 0xFFFFFFFF  # xl2tpd wraps its serial there
+            idx = ins.serial_anchor[0] + (d - 0xFFFFFFFF if d > 0x7FFFFFFF else d)
+            pick = next((e for e in ins.calling if e[0] == idx), None)
+            if pick is not None and peer_of(pick[1]) not in (None, peer):
+                pick = None  # the anchor is wrong (a missed line): start again
+                ins.serial_anchor = None
+        if pick is None:
+            cands = [e for e in ins.calling if peer_of(e[1]) in (None, peer)]
+            if len(cands) != 1:
+                return None
+            pick = cands[0]
+        ins.calling.remove(pick)
+        ins.serial_anchor = (pick[0], serial)
+        return pick[1]
+
     def _tunnel_for_call(self, ins: Instance, peer: str) -> Optional[int]:
         cands = [t.tunnel_id for t in ins.tunnels.values() if t.peer == peer]
         return cands[0] if len(cands) == 1 else None
@@ -220,6 +254,7 @@ class Tracker:
         if rec.pid is not None:
             ins.daemon_pid = rec.pid
         if isinstance(rec, lp.Started):
+            ins.calling, ins.calling_seen, ins.serial_anchor = [], 0, (0, 0)
             return []
         if isinstance(rec, lp.KernelSupport):
             ins.kernel_mode = rec.kernel
@@ -234,7 +269,8 @@ class Tracker:
                 instance=instance, role=role, section=rec.lns_section, peer=rec.peer, peer_port=rec.port,
                 tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source]))
         if isinstance(rec, lp.CallingOnTunnel):
-            ins.pending_lac_tunnel = rec.tunnel_id
+            ins.calling_seen += 1
+            ins.calling = ins.calling[-255:] + [(ins.calling_seen, rec.tunnel_id)]
             return []
         if isinstance(rec, lp.PppdArgv):
             # LNS: the argv precedes its "Call established"; LAC: it follows
@@ -260,7 +296,7 @@ class Tracker:
                     tid = _argv_int(argv, "pppol2tp_tunnel_id")
             else:
                 role = "lac"
-                tid, ins.pending_lac_tunnel = ins.pending_lac_tunnel, None
+                tid = self._lac_call_tunnel(ins, rec.peer, rec.serial)
                 argv = None
             if tid is None:
                 tid = self._tunnel_for_call(ins, rec.peer)

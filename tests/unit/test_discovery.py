@@ -191,3 +191,41 @@ def test_lac_argv_at_the_end_of_the_log_is_used(tmp_path):
     (c,) = d.snapshot().calls
     d.close()
     assert c.pppd_argv[1] == "/dev/pts/0" and c.data_path == "userspace"
+
+
+CONCURRENT_LAC = """\
+xl2tpd[144]: xl2tpd version xl2tpd-1.3.18 started on (none) PID:144
+xl2tpd[144]: Connection established to 10.99.1.1, 1701.  Local: 45744, Remote: 41210 (ref=0/0).
+xl2tpd[144]: Calling on tunnel 45744
+xl2tpd[144]: Connection established to 10.99.1.1, 1701.  Local: 1588, Remote: 10910 (ref=0/0).
+xl2tpd[144]: Calling on tunnel 1588
+xl2tpd[144]: Connection established to 10.99.1.1, 1701.  Local: 19178, Remote: 26788 (ref=0/0).
+xl2tpd[144]: Calling on tunnel 19178
+xl2tpd[144]: Call established with 10.99.1.1, Local: 36108, Remote: 38773, Serial: 3 (ref=0/0)
+xl2tpd[144]: Call established with 10.99.1.1, Local: 18800, Remote: 12843, Serial: 1 (ref=0/0)
+xl2tpd[144]: Call established with 10.99.1.1, Local: 56946, Remote: 60441, Serial: 2 (ref=0/0)
+"""
+
+
+@pytest.mark.parametrize("with_start", [True, False])
+def test_concurrent_lac_calls_get_their_tunnels_by_serial(with_start):
+    """Three [lac] sections dial one LNS at once (seen in the guest): the
+    lines interleave, and "Call established" names no tunnel.  xl2tpd numbers
+    outgoing calls in the order of its "Calling on tunnel" lines."""
+    lines = CONCURRENT_LAC.splitlines()
+    if not with_start:  # a log followed from the middle: no anchor until a call is unambiguous
+        lines = lines[1:]
+    t, ev = events("lac", lines)
+    got = {e.call.call_id: e.call.tunnel_id for e in ev if e.event == "CallUp"}
+    if with_start:
+        assert got == {36108: 19178, 18800: 45744, 56946: 1588}
+    else:
+        # three candidates for the first: none guessed (the daemon then waits and says why)
+        assert got[36108] is None
+    # and a later call, once anchored, maps exactly again
+    more = ["xl2tpd[144]: Calling on tunnel 1588", "xl2tpd[144]: Calling on tunnel 45744",
+            "xl2tpd[144]: Call established with 10.99.1.1, Local: 7, Remote: 8, Serial: 5 (ref=0/0)",
+            "xl2tpd[144]: Call established with 10.99.1.1, Local: 9, Remote: 10, Serial: 4 (ref=0/0)"]
+    if with_start:
+        ev = [e for r in lp.parse_lines(more) for e in t.apply("lac", r)]
+        assert {e.call.call_id: e.call.tunnel_id for e in ev if e.event == "CallUp"} == {7: 45744, 9: 1588}

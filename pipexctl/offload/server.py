@@ -150,6 +150,34 @@ def _proc_comm(pid: int) -> Optional[tuple[str, int]]:
     return stat[stat.find("(") + 1: stat.rfind(")")], int(stat[stat.rfind(")") + 2:].split()[1])
 
 
+OPS = ("status", "metrics", "reconcile", "channel")
+
+
+def parse_request(data: bytes) -> tuple[Optional[str], Optional[str]]:
+    """(op, None) for a valid request line, or (None, refusal reason).
+
+    One JSON object with a known ``"op"``, at most MAX_REQUEST bytes; the
+    rest of the object is ignored (the pppd is known by SO_PEERCRED, not by
+    what it says).  Pure, so it is fuzzed on the host."""
+    if len(data) > MAX_REQUEST:
+        return None, "request_too_large"
+    try:
+        req = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, "malformed_request"
+    if not isinstance(req, dict) or "op" not in req:
+        return None, "malformed_request"
+    if req["op"] not in OPS:
+        return None, "unknown_op"
+    return req["op"], None
+
+
+def _reason(e: Exception) -> str:
+    """A metrics label for an error: ConflictError -> conflict."""
+    n = type(e).__name__.removesuffix("Error") or "error"
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(n))
+
+
 def _percentiles(xs: list[float]) -> dict:
     """p50/p99/max of request -> channel sent (the last 1,000 offloads)."""
     if not xs:
@@ -187,6 +215,11 @@ class OffloadServer:
         self.stop = threading.Event()
         self.ptys = PtyHolder()
         self.stats = {"offloaded": 0, "refused": 0, "failed": 0, "removed": 0, "adopted": 0, "orphans_removed": 0}
+        self.reasons: collections.Counter = collections.Counter()  # (refused|failed, reason) -> count
+        self.reconciles = 0
+        self.max_session_series = 1000  # per-session counters in metrics() beyond this are summed, not listed
+        self._mbackend = None  # metrics' own netlink socket (a scrape never waits for self.lock)
+        self._mlock = threading.Lock()
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -339,6 +372,7 @@ class OffloadServer:
         self.stats["adopted"] += sum(len(t.sessions) for t in p.adopt)
         self.stats["orphans_removed"] += len(p.remove_sessions) + len(p.remove_tunnels)
         self.last_reconcile = {**p.summary(), "warning": warning, "at": time.time()}
+        self.reconciles += 1
         self._apply_rules()
         self._save()
         return self.last_reconcile
@@ -402,7 +436,7 @@ class OffloadServer:
             pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
             if uid != 0:
                 self._reply(conn, {"ok": False, "error": "permission denied: only root may ask for a channel"})
-                self.stats["refused"] += 1
+                self._refused("not_root")
                 return
             data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST + 1, 1)
             while data and b"\n" not in data and len(data) <= MAX_REQUEST:
@@ -412,28 +446,23 @@ class OffloadServer:
                 data += chunk
             if not data:
                 return  # connected and closed without a request (a liveness probe)
-            if len(data) > MAX_REQUEST:
-                self._reply(conn, {"ok": False, "error": "request too large"})
-                self.stats["refused"] += 1
-                return
-            try:
-                req = json.loads(data.decode("utf-8"))
-                op = req["op"] if isinstance(req, dict) else None
-            except (ValueError, KeyError, UnicodeDecodeError):
-                self._reply(conn, {"ok": False, "error": "malformed request"})
-                self.stats["refused"] += 1
+            op, refusal = parse_request(data)
+            if refusal is not None:
+                self._reply(conn, {"ok": False, "error": refusal.replace("_", " ")})
+                self._refused(refusal)
                 return
             if op == "status":
                 self._reply(conn, {"ok": True, **self.status()})
+            elif op == "metrics":
+                self._reply(conn, {"ok": True, **self.metrics()})
             elif op == "reconcile":
                 with self.lock:
                     self._reply(conn, {"ok": True, "reconcile": self.reconcile_state()})
             elif op == "channel":
                 pty = fds.pop(0) if fds and os.isatty(fds[0]) else None
                 self._channel(conn, pid, pty)
-            else:
-                self._reply(conn, {"ok": False, "error": f"unknown op {str(op)[:32]!r}"})
-                self.stats["refused"] += 1
+            else:  # parse_request lets only known ops through
+                raise AssertionError(op)
         except OSError as e:
             log.warning("request failed: %s", e)
         finally:
@@ -461,14 +490,14 @@ class OffloadServer:
         who = _proc_comm(pid)
         parent = _proc_comm(who[1]) if who else None
         if not who or who[0] != "pppd" or not parent or parent[0] != "xl2tpd":
-            self.stats["refused"] += 1
+            self._refused("not_a_pppd_of_xl2tpd")
             self._reply(conn, {"ok": False, "error": f"pid {pid} is not a pppd started by xl2tpd"})
             return False
         t0 = time.monotonic()
         call, why = self._wait_for_call(pid)
         t1 = time.monotonic()
         if call is None:
-            self.stats["refused"] += 1
+            self._refused("no_call")
             log.warning("pppd %d refused: no complete xl2tpd call within %.0f s: %s", pid, self.wait, why)
             self._reply(conn, {"ok": False, "error": f"no xl2tpd call for pppd {pid} within {self.wait:.0f} s: {why}"})
             return False
@@ -483,6 +512,7 @@ class OffloadServer:
                 fds = [ch.fileno()] + ([ts.sock.fileno()] if ts.sock is not None else [])
         except errors.PipexError as e:
             self.stats["failed"] += 1
+            self.reasons[("failed", _reason(e))] += 1
             log.warning("offload of call %d failed: %s", call.call_id, e)
             self._reply(conn, {"ok": False, "error": str(e)})
             return False
@@ -546,11 +576,12 @@ class OffloadServer:
         new_tunnel = ts is None
         if new_tunnel:
             ts = self._new_tunnel(call)
+        if call.call_id in ts.sessions:
+            # before the try: the rollback below must not touch the healthy session
+            raise errors.ConflictError(f"call {call.call_id} of tunnel {call.tunnel_id} is already offloaded")
         ch = None
         session_made = False
         try:
-            if call.call_id in ts.sessions:
-                raise errors.ConflictError(f"call {call.call_id} of tunnel {call.tunnel_id} is already offloaded")
             spec = SessionSpec(tunnel_id=ts.tunnel_id, session_id=call.call_id, peer_session_id=call.peer_call_id,
                                version=2, pw_type=PwType.ppp, lns_mode=call.role == "lns")
             self.backend.session_create(spec)
@@ -678,3 +709,51 @@ class OffloadServer:
                 "reconcile": self.last_reconcile,
                 "channel_latency_ms": _percentiles([x * 1000 for x in self.latencies]),
             }
+
+    def _refused(self, reason: str) -> None:
+        self.stats["refused"] += 1
+        self.reasons[("refused", reason)] += 1
+
+    def metrics(self) -> dict:
+        """The numbers behind ``--metrics`` (Prometheus) and ``pipexctl stat --serve``.
+
+        Calls known to discovery by role and data path; what the daemon owns;
+        offload outcomes by reason; reconcile actions; the kernel's counters of
+        each offloaded session (at most ``max_session_series`` listed, the
+        rest summed), read through a netlink socket of its own."""
+        with self.dlock:
+            calls = collections.Counter((c.role, c.data_path) for c in self.d.tracker.calls())
+        with self.lock:
+            owned = {(t.tunnel_id, cid): t.peer for t in self.tunnels.values() for cid in t.sessions}
+            n_tunnels = len(self.tunnels)
+            stats, reasons = dict(self.stats), dict(self.reasons)
+        sessions, error = [], None
+        with self._mlock:
+            try:
+                if self._mbackend is None:
+                    from ..kernel.backend import NetlinkBackend
+
+                    self._mbackend = (NetlinkBackend(netns=self.backend.netns)
+                                      if isinstance(self.backend, NetlinkBackend) else self.backend)
+                sessions = [s for s in self._mbackend.session_dump() if (s.tunnel_id, s.session_id) in owned]
+            except errors.PipexError as e:
+                error = str(e)
+        sessions.sort(key=lambda s: (s.tunnel_id, s.session_id))
+        fields = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
+        listed = [{"tunnel_id": s.tunnel_id, "session_id": s.session_id, "peer": owned[(s.tunnel_id, s.session_id)],
+                   **{f: getattr(s.stats, f) for f in fields}} for s in sessions[: self.max_session_series]]
+        rest = sessions[self.max_session_series:]
+        return {
+            "calls": [{"role": r, "data_path": d, "count": n} for (r, d), n in sorted(calls.items())],
+            "offloaded_tunnels": n_tunnels,
+            "offloaded_sessions": len(owned),
+            "offload": {"offloaded": stats["offloaded"], "removed": stats["removed"],
+                        "refused": {r: n for (k, r), n in sorted(reasons.items()) if k == "refused"},
+                        "failed": {r: n for (k, r), n in sorted(reasons.items()) if k == "failed"}},
+            "reconcile": {"runs": self.reconciles, "adopted": stats["adopted"],
+                          "orphans_removed": stats["orphans_removed"]},
+            "sessions": listed,
+            "sessions_not_listed": {"count": len(rest), **{f: sum(getattr(s.stats, f) for s in rest) for f in fields}},
+            "channel_latency_ms": _percentiles([x * 1000 for x in self.latencies]),
+            "kernel_error": error,
+        }

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
+from pipexctl.offload.client import ask
 from pipexctl.testing.lab import Lab, iperf_received
 
 from .conftest import ip_l2tp, wait_until
@@ -68,16 +69,19 @@ def status_lns_bytes(lab):
     return sum(int(ln.split("=")[1]) for ln in out.splitlines() if "_bytes=" in ln)
 
 
-def offloaded_call(lab):
+def offloaded_call(lab, *lns_args):
     """xl2tpd + plugin + `pipexctl serve` on the LNS and lac1, one call up.
 
     Returns (the LNS daemon's process, lac1)."""
     lab.start_all(WITH_PLUGIN)
-    srv = lab.serve(lab.lns)
     l1 = lab.lacs[0]
-    lab.serve(l1)
+    if lns_args:
+        srv = lab.serve(lab.lns, *lns_args)
+        lab.serve(l1)
+    else:
+        srv, _ = lab.serve_all([lab.lns, l1])  # both start at once
     lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides")
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
     return srv, l1
 
 
@@ -93,7 +97,7 @@ def lab(request):
 
 
 def test_offload_both_sides(lab):
-    _, l1 = offloaded_call(lab)
+    _, l1 = offloaded_call(lab, "--metrics", "127.0.0.1:9469")
 
     # the kernel carries the session on both sides (xl2tpd itself is in userspace mode)
     (ls,) = [s for s in ip_l2tp(lab.lns.ns, "session")]
@@ -128,6 +132,20 @@ def test_offload_both_sides(lab):
         rx1 = nl.session_get(ls["tunnel_id"], ls["session_id"]).stats.rx_bytes
     assert moved > 100_000 and rx1 - rx0 >= moved, (moved, rx1 - rx0)
     assert status_lns_bytes(lab) == before_x
+    # the daemon's Prometheus endpoint, scraped by curl, and its metrics op
+    # (what `pipexctl stat --serve` prints) carry the same kernel counters
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = sh("ip", "netns", "exec", lab.lns.ns, "curl", "-sf", "http://127.0.0.1:9469/metrics")
+    val = {(s.name, s.labels.get("session_id")): s.value for f in text_string_to_metric_families(body)
+           for s in f.samples}
+    sid = str(ls["session_id"])
+    assert val[("pipexctl_offloaded_sessions", None)] == 1 and val[("pipexctl_offloads_total", None)] == 1
+    assert val[("pipexctl_session_rx_bytes_total", sid)] >= rx1 >= moved
+    m = ask(lab.serve_socket(lab.lns), {"op": "metrics"})
+    (ms,) = m["sessions"]
+    assert ms["session_id"] == ls["session_id"] and ms["rx_bytes"] >= val[("pipexctl_session_rx_bytes_total", sid)]
+    assert {"role": "lns", "data_path": "kernel", "count": 1} in m["calls"]
     rules = nft_rules(lab.lns.ns)
     assert rules and len(rules) == 3  # two prerouting (L bit clear/set) + one output
     steered = sum(e["counter"]["packets"] for r in rules if r["chain"] == "pre" for e in r["expr"] if "counter" in e)
@@ -140,12 +158,12 @@ def test_offload_both_sides(lab):
 
     # disconnect from the LAC: everything of the call and tunnel goes
     lab.disconnect(l1)
-    wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [] and ip_l2tp(l1.ns, "tunnel") == [], "kernel tunnels gone")
-    wait_until(lambda: nft_rules(lab.lns.ns) == [] and nft_rules(l1.ns) == [], "steering rules gone")
+    wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [] and ip_l2tp(l1.ns, "tunnel") == [], "kernel tunnels gone", detail=lab.tails)
+    wait_until(lambda: nft_rules(lab.lns.ns) == [] and nft_rules(l1.ns) == [], "steering rules gone", detail=lab.tails)
 
     # a new call afterwards is offloaded again
     lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up again")
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up again", detail=lab.tails)
     assert len(ip_l2tp(lab.lns.ns, "session")) == 1
     ok, out = ping(l1.ns, "10.99.100.1")
     assert ok, out
@@ -160,7 +178,7 @@ def test_one_side_offloaded_interoperates_with_plain_xl2tpd(lab):
     lab.start(l1)
     lab.serve(lab.lns)
     lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up")
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up", detail=lab.tails)
     assert len(ip_l2tp(lab.lns.ns, "session")) == 1 and ip_l2tp(l1.ns, "session") == []
     ok, out = ping(l1.ns, "10.99.100.1", count=10)
     assert ok, out
@@ -171,7 +189,7 @@ def test_no_daemon_falls_back_to_the_pty_or_fails_when_required(lab):
     lab.start_all(optional)
     l1 = lab.lacs[0]
     lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on the pty")
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on the pty", detail=lab.tails)
     ok, out = ping(l1.ns, "10.99.100.1")
     assert ok, out
     assert ip_l2tp(lab.lns.ns, "session") == []
@@ -194,13 +212,13 @@ def test_killed_pppd_and_killed_daemon_leave_nothing(lab):
     (pid,) = lab.pppds(lab.lns)
     os.kill(pid, signal.SIGKILL)
     # the session dies with pppd's socket; the daemon drops the steering rules
-    wait_until(lambda: [s for s in ip_l2tp(lab.lns.ns, "session")] == [], "session gone with pppd")
-    wait_until(lambda: nft_rules(lab.lns.ns) == [], "rules gone after pppd kill")
+    wait_until(lambda: [s for s in ip_l2tp(lab.lns.ns, "session")] == [], "session gone with pppd", detail=lab.tails)
+    wait_until(lambda: nft_rules(lab.lns.ns) == [], "rules gone after pppd kill", detail=lab.tails)
     # a new call, then the daemon is killed outright: the kernel keeps the
     # session (pppd holds its socket and a copy of the tunnel's) and data flows
     lab.connect(l1)
-    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and nft_rules(lab.lns.ns), "offloaded again")
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up again")
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and nft_rules(lab.lns.ns), "offloaded again", detail=lab.tails)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up again", detail=lab.tails)
     os.killpg(srv.pid, signal.SIGKILL)
     srv.wait(10)
     assert kernel_objects(lab.lns.ns) == (1, 1, 3)
@@ -210,17 +228,17 @@ def test_killed_pppd_and_killed_daemon_leave_nothing(lab):
     # session and tunnel with pppd's sockets; only the rules are stale
     (pid,) = lab.pppds(lab.lns)
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [], "tunnel gone with the last pppd holding it")
+    wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [], "tunnel gone with the last pppd holding it", detail=lab.tails)
     assert nft_rules(lab.lns.ns), "stale rules are expected until the daemon restarts"
     lab.serve(lab.lns)  # restart: reconcile
-    wait_until(lambda: kernel_objects(lab.lns.ns) == (0, 0, 0), "stale rules reconciled away")
+    wait_until(lambda: kernel_objects(lab.lns.ns) == (0, 0, 0), "stale rules reconciled away", detail=lab.tails)
     st = lab.serve_status(lab.lns)
     assert st["tunnels"] == [] and st["reconcile"]["adopted_sessions"] == 0
     # and a new call is offloaded by the restarted daemon
     lab.disconnect(l1)
-    wait_until(lambda: lab.pppds(l1) == [], "LAC pppd gone")
+    wait_until(lambda: lab.pppds(l1) == [], "LAC pppd gone", detail=lab.tails)
     lab.connect(l1)
-    wait_until(lambda: kernel_objects(lab.lns.ns) == (1, 1, 3), "offloaded by the new daemon")
+    wait_until(lambda: kernel_objects(lab.lns.ns) == (1, 1, 3), "offloaded by the new daemon", detail=lab.tails)
 
 
 def test_restarted_daemon_adopts_running_sessions(lab):
@@ -250,6 +268,30 @@ def test_restarted_daemon_adopts_running_sessions(lab):
     t0 = cpu_ticks(lab.lns.proc.pid)
     time.sleep(2)
     assert cpu_ticks(lab.lns.proc.pid) - t0 < 50, "xl2tpd busy-looping after the restart"
+    # SIGHUP reconciles the state file now: a recorded tunnel whose pppd is
+    # gone (made here with the library, as a crashed daemon would leave it)
+    # is removed, the live call is not touched
+    from pipexctl.model import Endpoint, PwType, SessionSpec, TunnelSpec
+
+    with contextlib.closing(NetlinkBackend(netns=lab.lns.ns)) as nl:
+        nl.tunnel_create(TunnelSpec(tunnel_id=999, peer_tunnel_id=998, version=2,
+                                    local=Endpoint.parse("10.99.1.1:40000"), remote=Endpoint.parse("10.99.1.2:40001")))
+        nl.session_create(SessionSpec(tunnel_id=999, session_id=5, peer_session_id=6, version=2, pw_type=PwType.ppp))
+    sp = Path(lab.serve_socket(lab.lns)).with_name("state.json")
+    state = json.loads(sp.read_text())
+    state["tunnels"].append({"instance": state["tunnels"][0]["instance"], "tunnel_id": 999, "peer_tunnel_id": 998,
+                             "local": "10.99.1.1", "peer": "10.99.1.2", "peer_port": 40001, "private_port": 40000,
+                             "sessions": [{"call_id": 5, "peer_call_id": 6, "pppd_pid": 999999, "role": "lns"}]})
+    sp.write_text(json.dumps(state))
+    assert kernel_objects(lab.lns.ns)[:2] == (2, 2)
+    os.killpg(srv.pid, signal.SIGHUP)
+    wait_until(lambda: kernel_objects(lab.lns.ns) == (1, 1, 3), "the orphan removed by SIGHUP", detail=lab.tails)
+    st = lab.serve_status(lab.lns)
+    assert st["reconcile"]["removed_sessions"] + st["reconcile"]["removed_tunnels"] >= 1, st["reconcile"]
+    assert "reloaded (SIGHUP)" in (lab.lns.dir / "serve.log").read_text()
+    assert ip_l2tp(lab.lns.ns, "session") == before
+    ok, out = ping(l1.ns, "10.99.100.1")
+    assert ok, out
     # kill -9 this time, restart again: adopted again
     os.killpg(srv.pid, signal.SIGKILL)
     srv.wait(10)
@@ -259,9 +301,9 @@ def test_restarted_daemon_adopts_running_sessions(lab):
     sid = before[0]["session_id"]
     lab.control(lab.lns, f"h {sid}")
     wait_until(lambda: ip_l2tp(lab.lns.ns, "session") == [] and ip_l2tp(l1.ns, "session") == [],
-               "sessions gone after the LNS hung up")
-    wait_until(lambda: nft_rules(lab.lns.ns) == [] and nft_rules(l1.ns) == [], "rules gone after the LNS hung up")
-    wait_until(lambda: pid not in lab.pppds(lab.lns), "the hung-up call's pppd exited")
+               "sessions gone after the LNS hung up", detail=lab.tails)
+    wait_until(lambda: nft_rules(lab.lns.ns) == [] and nft_rules(l1.ns) == [], "rules gone after the LNS hung up", detail=lab.tails)
+    wait_until(lambda: pid not in lab.pppds(lab.lns), "the hung-up call's pppd exited", detail=lab.tails)
 
 
 def test_killed_xl2tpd_while_offloaded_leaves_nothing(lab):
@@ -269,15 +311,15 @@ def test_killed_xl2tpd_while_offloaded_leaves_nothing(lab):
     pids = lab.pppds(lab.lns)
     lab.kill(lab.lns, signal.SIGKILL)
     # the daemon sees xl2tpd gone (its calls with it) and removes what it made
-    wait_until(lambda: kernel_objects(lab.lns.ns) == (0, 0, 0), "LNS kernel state and rules removed", timeout=60)
+    wait_until(lambda: kernel_objects(lab.lns.ns) == (0, 0, 0), "LNS kernel state and rules removed", timeout=60, detail=lab.tails)
     # pppd loses its channel when the session is deleted, and exits
-    wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), "LNS pppd exited", timeout=60)
+    wait_until(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), "LNS pppd exited", timeout=60, detail=lab.tails)
     st = lab.serve_status(lab.lns)
     assert st["tunnels"] == []
     # the LAC notices through its hello timeout much later; hang it up now and
     # stop its daemon with --teardown-on-exit semantics checked below
     lab.disconnect(l1)
-    wait_until(lambda: kernel_objects(l1.ns) == (0, 0, 0), "LAC side cleaned after its disconnect", timeout=60)
+    wait_until(lambda: kernel_objects(l1.ns) == (0, 0, 0), "LAC side cleaned after its disconnect", timeout=60, detail=lab.tails)
 
 
 def test_teardown_on_exit_removes_everything(lab):
@@ -286,7 +328,7 @@ def test_teardown_on_exit_removes_everything(lab):
     l1 = lab.lacs[0]
     lab.serve(l1)
     lab.connect(l1)
-    wait_until(lambda: kernel_objects(lab.lns.ns) == (1, 1, 3), "offloaded")
+    wait_until(lambda: kernel_objects(lab.lns.ns) == (1, 1, 3), "offloaded", detail=lab.tails)
     os.killpg(srv.pid, signal.SIGTERM)
     srv.wait(20)
     assert ip_l2tp(lab.lns.ns, "tunnel") == [] and nft_rules(lab.lns.ns) is None  # the table itself is gone
@@ -365,14 +407,14 @@ def test_twenty_concurrent_calls_from_four_lacs_all_offloaded():
             for lac in lab.lacs:
                 lab.wait_log(lac, "Call established", offset=offsets[lac.name], count=n, timeout=60)
             try:
-                wait_until(lambda: len(ppp_addrs(lab.lns.ns)) == 4 * n, f"round {n} up", timeout=120)
+                wait_until(lambda: len(ppp_addrs(lab.lns.ns)) == 4 * n, f"round {n} up", timeout=120, detail=lab.tails)
             except AssertionError:
                 for p in lab.serves:  # every thread's stack into serve.log
                     os.killpg(p.pid, signal.SIGUSR1)
                 time.sleep(2)
                 raise
         wait_until(lambda: len(ppp_addrs(lab.lns.ns)) == 20 and all(len(ppp_addrs(lac.ns)) == 5 for lac in lab.lacs),
-                   "20 PPP links up", timeout=120)
+                   "20 PPP links up", timeout=120, detail=lambda: lab.tails(600))
         # each call is a kernel session on both sides, steered by three rules per tunnel
         assert kernel_objects(lab.lns.ns) == (20, 20, 60)
         for lac in lab.lacs:
@@ -397,7 +439,7 @@ def test_twenty_concurrent_calls_from_four_lacs_all_offloaded():
                 lab.disconnect(lac, section)
             time.sleep(0.3)
         for inst in [lab.lns, *lab.lacs]:
-            wait_until(lambda: kernel_objects(inst.ns) == (0, 0, 0), f"{inst.name} clean", timeout=90)
+            wait_until(lambda: kernel_objects(inst.ns) == (0, 0, 0), f"{inst.name} clean", timeout=90, detail=lab.tails)
     finally:
         if os.environ.get("PIPEXCTL_RESULTS"):
             d = Path(os.environ["PIPEXCTL_RESULTS"]) / "test_twenty_concurrent_calls"

@@ -1,0 +1,92 @@
+"""Prometheus metrics of `pipexctl serve` (``--metrics [HOST]:PORT``).
+
+A collector over ``OffloadServer.metrics()``: every scrape reads the numbers
+afresh (the same dict `pipexctl stat --serve --json` prints), so there is no
+second bookkeeping to drift.  prometheus_client serves the text format.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
+
+
+def families(m: dict) -> Iterator:
+    """Prometheus metric families from one ``metrics()`` snapshot."""
+    g = GaugeMetricFamily("pipexctl_calls", "xl2tpd calls known to discovery, by role and data path",
+                          labels=["role", "data_path"])
+    for c in m["calls"]:
+        g.add_metric([c["role"], c["data_path"]], c["count"])
+    yield g
+    yield GaugeMetricFamily("pipexctl_offloaded_tunnels", "Kernel tunnels the daemon owns",
+                            value=m["offloaded_tunnels"])
+    yield GaugeMetricFamily("pipexctl_offloaded_sessions", "Kernel PPP sessions the daemon owns",
+                            value=m["offloaded_sessions"])
+    o = m["offload"]
+    yield CounterMetricFamily("pipexctl_offloads", "Calls offloaded (channel sent to pppd)", value=o["offloaded"])
+    yield CounterMetricFamily("pipexctl_offloads_removed", "Offloads removed when their call ended",
+                              value=o["removed"])
+    for kind, help_ in (("refused", "Channel requests refused, by reason"),
+                        ("failed", "Offloads that failed in the kernel or nftables, by reason")):
+        c = CounterMetricFamily(f"pipexctl_offload_{kind}", help_, labels=["reason"])
+        for reason, n in o[kind].items():
+            c.add_metric([reason], n)
+        yield c
+    r = m["reconcile"]
+    yield CounterMetricFamily("pipexctl_reconcile_runs", "Reconciles of the state file (start, SIGHUP, request)",
+                              value=r["runs"])
+    yield CounterMetricFamily("pipexctl_reconcile_adopted_sessions", "Sessions adopted by a reconcile",
+                              value=r["adopted"])
+    yield CounterMetricFamily("pipexctl_reconcile_orphans_removed", "Orphan kernel objects removed by a reconcile",
+                              value=r["orphans_removed"])
+    for f in SESSION_FIELDS:
+        c = CounterMetricFamily(f"pipexctl_session_{f}", f"Kernel counter {f} of an offloaded session",
+                                labels=["tunnel_id", "session_id", "peer"])
+        for s in m["sessions"]:
+            c.add_metric([str(s["tunnel_id"]), str(s["session_id"]), s["peer"]], s[f])
+        yield c
+        yield CounterMetricFamily(f"pipexctl_sessions_not_listed_{f}",
+                                  f"Sum of {f} of the sessions beyond the per-session series cap",
+                                  value=m["sessions_not_listed"][f])
+    yield GaugeMetricFamily("pipexctl_sessions_not_listed", "Offloaded sessions beyond the per-session series cap",
+                            value=m["sessions_not_listed"]["count"])
+    lat = m["channel_latency_ms"]
+    g = GaugeMetricFamily("pipexctl_channel_latency_seconds",
+                          "pppd request to channel sent, over the last 1,000 offloads", labels=["quantile"])
+    for q, k in (("0.5", "p50"), ("0.99", "p99"), ("1", "max")):
+        if k in lat:
+            g.add_metric([q], lat[k] / 1000)
+    yield g
+    yield GaugeMetricFamily("pipexctl_kernel_readable", "1 when the last scrape read the kernel's counters",
+                            value=0 if m["kernel_error"] else 1)
+
+
+class ServeCollector(Collector):
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def collect(self):
+        yield from families(self.server.metrics())
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``[HOST]:PORT`` -> (host, port); an empty host is every address."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: expected [HOST]:PORT, e.g. 127.0.0.1:9469 or :9469")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def start(server, listen: str):
+    """Serve /metrics on ``listen`` in a thread; returns the HTTP server."""
+    from prometheus_client import start_http_server
+
+    host, port = parse_listen(listen)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ServeCollector(server))
+    httpd, _thread = start_http_server(port, addr=host, registry=reg)
+    return httpd

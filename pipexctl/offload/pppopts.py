@@ -1,0 +1,67 @@
+"""Turn the offload on or off in xl2tpd's pppd options files.
+
+xl2tpd starts pppd with ``file <pppoptfile>`` from each [lns]/[lac]
+section of xl2tpd.conf; the plugin is loaded from there.  pipexctl owns one
+marked block in each such file and never touches a line outside it, so the
+change is idempotent and reversible (the Ansible module and operators by
+hand use the same functions).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+BEGIN = "# BEGIN pipexctl (managed: pipexctl offload; edit the role/module, not these lines)"
+END = "# END pipexctl"
+
+_BLOCK = re.compile(r"^# BEGIN pipexctl.*?\n.*?^# END pipexctl[^\n]*\n?", re.M | re.S)
+
+
+def block(plugin: str = "pipexctl.so", socket: str = "/run/pipexctl/serve.sock", required: bool = False,
+          timeout: Optional[int] = None) -> str:
+    """The lines that load the plugin (option names: plugins/pipexctl.c)."""
+    for what, v in (("plugin", plugin), ("socket", socket)):
+        if not v or any(c in v for c in " \t\n#\"'"):
+            raise ValueError(f"bad {what} path {v!r}: no spaces, quotes or '#'")
+    if timeout is not None and not 1 <= timeout <= 3600:
+        raise ValueError(f"timeout {timeout} out of range 1..3600 seconds")
+    lines = [BEGIN, f"plugin {plugin}", f"pipexctl_socket {socket}"]
+    if timeout is not None:
+        lines.append(f"pipexctl_timeout {timeout}")
+    if required:
+        lines.append("pipexctl_required")
+    return "\n".join(lines + [END]) + "\n"
+
+
+def current(text: str) -> Optional[str]:
+    """pipexctl's block in an options file, or None."""
+    m = _BLOCK.search(text)
+    return m.group(0) if m else None
+
+
+def apply(text: str, want: Optional[str]) -> str:
+    """``text`` with pipexctl's block replaced by ``want`` (None: removed).
+
+    Refuses a file that loads another copy of the plugin outside the block,
+    or pppol2tp.so (xl2tpd's kernel mode is then already in use)."""
+    outside = _BLOCK.sub("", text)
+    for line in outside.splitlines():
+        words = line.split("#", 1)[0].split()
+        if len(words) >= 2 and words[0] == "plugin" and words[1].endswith(("pipexctl.so", "pppol2tp.so")):
+            raise ValueError(f"the file already loads {words[1]} outside pipexctl's block: remove that line first")
+    if want is None:
+        return outside
+    if _BLOCK.search(text):
+        return _BLOCK.sub(lambda _: want, text, count=1)
+    return text + ("" if not text or text.endswith("\n") else "\n") + want
+
+
+def option_files(xl2tpd_conf: str) -> list[str]:
+    """The ``pppoptfile`` of every section of an xl2tpd.conf text, in order, once each."""
+    out: list[str] = []
+    for line in xl2tpd_conf.splitlines():
+        m = re.match(r"\s*pppoptfile\s*=\s*(\S+)", line.split(";", 1)[0])
+        if m and m.group(1) not in out:
+            out.append(m.group(1))
+    return out

@@ -1,0 +1,175 @@
+"""`pipexctl serve`'s numbers: metrics() (the same for --metrics and
+`stat --serve`), their Prometheus text, the HTTP endpoint and the CLI.
+
+An OffloadServer on the null kernel backend (no kernel here) with a
+recording stand-in for nftables; the real daemon's metrics are checked in
+the guest (tests/kernel/test_offload.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.request
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipexctl import errors
+from pipexctl.cli import cli
+from pipexctl.discovery.discovery import Discovery
+from pipexctl.discovery.state import CallInfo
+from pipexctl.kernel.backend import NullBackend
+from pipexctl.offload import metrics
+from pipexctl.offload.server import OffloadServer
+
+
+class RecordingNft:
+    def __init__(self):
+        self.docs = []
+
+    def apply(self, doc):
+        self.docs.append(doc)
+
+
+def call(cid, tid=100, peer="192.0.2.7"):
+    return CallInfo(instance="xl2tpd", role="lns", peer=peer, peer_port=1701, tunnel_id=tid, peer_tunnel_id=200,
+                    call_id=cid, peer_call_id=cid + 1000, pppd_pid=4242, data_path="kernel")
+
+
+@pytest.fixture
+def srv(tmp_path):
+    d = Discovery([], proc=False, kernel=False)
+    s = OffloadServer(str(tmp_path / "serve.sock"), d, NullBackend(), RecordingNft())
+    s.channels = []
+    for c in (call(1), call(2), call(3, tid=101)):
+        d.tracker.inst("xl2tpd").calls[c.call_id] = c
+    yield s
+    for ts in s.tunnels.values():
+        if ts.sock is not None:
+            ts.sock.close()
+
+
+def offload(s, c):
+    ch, _ = s.offload(c, 4242)
+    s.channels.append(ch)  # pppd's copy: closing it would end the session, as in the kernel
+    s.stats["offloaded"] += 1
+
+
+def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
+    for c in (call(1), call(2), call(3, tid=101)):
+        offload(srv, c)
+    with pytest.raises(errors.ConflictError):
+        srv.offload(call(1), 4242)
+    srv.stats["failed"] += 1
+    srv.reasons[("failed", "conflict")] += 1
+    srv._refused("no_call")
+    srv._refused("no_call")
+    srv._refused("not_root")
+    m = srv.metrics()
+    assert m["offloaded_tunnels"] == 2 and m["offloaded_sessions"] == 3
+    assert m["offload"] == {"offloaded": 3, "removed": 0, "refused": {"no_call": 2, "not_root": 1},
+                            "failed": {"conflict": 1}}
+    assert m["calls"] == [{"role": "lns", "data_path": "kernel", "count": 3}]
+    assert [(s["tunnel_id"], s["session_id"], s["peer"]) for s in m["sessions"]] == \
+        [(100, 1, "192.0.2.7"), (100, 2, "192.0.2.7"), (101, 3, "192.0.2.7")]
+    assert m["sessions_not_listed"]["count"] == 0 and m["kernel_error"] is None
+
+
+def test_per_session_series_are_capped_and_the_rest_summed(srv):
+    for c in (call(1), call(2), call(3, tid=101)):
+        offload(srv, c)
+    srv.backend._sessions[(100, 2)].stats.rx_bytes = 500
+    srv.backend._sessions[(101, 3)].stats.rx_bytes = 70
+    srv.max_session_series = 1
+    m = srv.metrics()
+    assert [s["session_id"] for s in m["sessions"]] == [1]
+    assert m["sessions_not_listed"]["count"] == 2 and m["sessions_not_listed"]["rx_bytes"] == 570
+
+
+def test_prometheus_text_parses_and_carries_the_numbers(srv):
+    offload(srv, call(1))
+    srv.backend._sessions[(100, 1)].stats.tx_bytes = 1234
+    srv._refused("malformed_request")
+    reg = metrics.CollectorRegistry()
+    reg.register(metrics.ServeCollector(srv))
+    text = generate_latest(reg).decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    val = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+    assert val[("pipexctl_offloaded_sessions", ())] == 1
+    assert val[("pipexctl_offloads_total", ())] == 1
+    assert val[("pipexctl_offload_refused_total", (("reason", "malformed_request"),))] == 1
+    assert val[("pipexctl_session_tx_bytes_total", (("peer", "192.0.2.7"), ("session_id", "1"),
+                                                    ("tunnel_id", "100")))] == 1234
+    assert val[("pipexctl_calls", (("data_path", "kernel"), ("role", "lns")))] == 3
+    assert val[("pipexctl_kernel_readable", ())] == 1
+
+
+@pytest.mark.parametrize("text,want", [(":9469", ("0.0.0.0", 9469)), ("127.0.0.1:80", ("127.0.0.1", 80)),
+                                       ("[::1]:9469", ("::1", 9469))])
+def test_parse_listen(text, want):
+    assert metrics.parse_listen(text) == want
+
+
+@pytest.mark.parametrize("text", ["9469", "host:", ":0", ":70000", "a:b"])
+def test_parse_listen_rejects(text):
+    with pytest.raises(ValueError):
+        metrics.parse_listen(text)
+
+
+def test_cli_rejects_a_bad_metrics_address():
+    r = CliRunner().invoke(cli, ["serve", "--metrics", "nonsense"])
+    assert r.exit_code == 2 and "expected [HOST]:PORT" in r.output
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_http_endpoint_and_stat_serve_give_the_same_numbers(srv, tmp_path):
+    offload(srv, call(1))
+    srv.backend._sessions[(100, 1)].stats.rx_packets = 9
+    port = free_port()
+    httpd = metrics.start(srv, f"127.0.0.1:{port}")
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        for _ in range(100):
+            try:
+                socket.socket(socket.AF_UNIX).connect(srv.socket_path)
+                break
+            except OSError:
+                threading.Event().wait(0.05)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert 'pipexctl_session_rx_packets_total{peer="192.0.2.7",session_id="1",tunnel_id="100"} 9.0' in body
+        r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path, "--json"])
+        assert r.exit_code == 0, r.output
+        m = json.loads(r.output)
+        assert m["sessions"][0]["rx_packets"] == 9 and m["offloaded_sessions"] == 1
+        r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path])
+        assert r.exit_code == 0 and "offloaded: 1 session(s) in 1 tunnel(s)" in r.output
+        assert "192.0.2.7" in r.output
+    finally:
+        srv.stop.set()
+        t.join(10)
+        httpd.shutdown()
+
+
+def test_stat_serve_without_a_daemon_is_one_clear_error(tmp_path):
+    r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", str(tmp_path / "none.sock")])
+    assert r.exit_code == 1
+    assert "cannot ask pipexctl serve" in r.output and "Traceback" not in r.output
+
+
+def test_a_duplicate_offload_leaves_the_healthy_session_and_its_steering(srv):
+    offload(srv, call(1))
+    rules_before = srv.nft.docs[-1]
+    with pytest.raises(errors.ConflictError):
+        srv.offload(call(1), 4242)
+    assert 1 in srv.tunnels[("xl2tpd", 100)].sessions
+    assert srv.nft.docs[-1] == rules_before  # no rewrite without the session
+    assert srv.backend.session_get(100, 1).session_id == 1

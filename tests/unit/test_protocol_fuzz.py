@@ -1,0 +1,108 @@
+"""Hostile input to the daemon's unix socket protocol, fuzzed (hypothesis):
+the pure request parser, then a live OffloadServer (null kernel backend)
+fed arbitrary bytes and JSON.  Every request gets one error reply (or a
+valid answer), nothing is made, and the daemon keeps serving."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipexctl.discovery.discovery import Discovery
+from pipexctl.kernel.backend import NullBackend
+from pipexctl.offload.server import MAX_REQUEST, OPS, OffloadServer, parse_request
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                          max_size=4), max_leaves=12)
+
+
+@given(st.binary(max_size=MAX_REQUEST + 200))
+@settings(max_examples=500)
+def test_parser_never_raises_on_bytes(data):
+    op, why = parse_request(data)
+    assert (op is None) != (why is None)
+    assert op is None or op in OPS
+
+
+@given(st.dictionaries(st.text(max_size=8), json_values, max_size=5) | json_values)
+@settings(max_examples=500)
+def test_parser_takes_only_known_ops(obj):
+    op, why = parse_request(json.dumps(obj).encode())
+    if isinstance(obj, dict) and obj.get("op") in OPS:
+        assert op == obj["op"] and why is None
+    else:
+        assert op is None and why in ("malformed_request", "unknown_op")
+
+
+def test_deep_nesting_and_size_limit():
+    assert parse_request(b"[" * 100000) == (None, "request_too_large")
+    assert parse_request(b"[" * 2000 + b"]" * 2000 + b"\n")[1] == "malformed_request"  # deep but small: no RecursionError escapes
+    assert parse_request(b'{"op": "status"}' + b" " * (MAX_REQUEST - 16)) == ("status", None)
+
+
+class RecordingNft:
+    def apply(self, doc):
+        pass
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    srv = OffloadServer(str(d / "serve.sock"), Discovery([], proc=False, kernel=False), NullBackend(), RecordingNft())
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    for _ in range(200):
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(srv.socket_path)
+            break
+        except OSError:
+            time.sleep(0.02)
+    yield srv
+    srv.stop.set()
+    t.join(10)
+
+
+def exchange(path, data):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+@given(st.binary(min_size=1, max_size=MAX_REQUEST + 100).filter(lambda b: b"\n" not in b[:-1]))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_live_daemon_answers_every_input_once_and_keeps_serving(live, data):
+    before = dict(live.stats)
+    out = exchange(live.socket_path, data)
+    lines = out.splitlines()
+    assert len(lines) == 1, out
+    rep = json.loads(lines[0])
+    op, _ = parse_request(data)
+    if op in ("status", "metrics", "reconcile"):
+        assert rep["ok"]
+    else:  # not JSON, unknown op, or a "channel" from a process that is no pppd of xl2tpd
+        assert rep["ok"] is False and rep["error"]
+        assert live.stats["refused"] == before["refused"] + 1
+    assert live.tunnels == {} and live.backend.session_dump() == []  # nothing made
+
+
+def test_after_the_fuzzing_the_daemon_still_serves(live):
+    rep = json.loads(exchange(live.socket_path, b'{"op": "status"}\n'))
+    assert rep["ok"] and rep["tunnels"] == []
+    # a client that connects and sends nothing is a liveness probe, not a refusal
+    n = live.stats["refused"]
+    assert exchange(live.socket_path, b"") == b""
+    assert live.stats["refused"] == n

@@ -49,11 +49,28 @@ class NetlinkBackend:
     """
 
     def __init__(self, netns: Optional[str] = None) -> None:
+        import concurrent.futures
+
         from .netlink import L2tpNetlink
 
         self.netns = netns
-        with self._in_ns():
-            self.nl = L2tpNetlink()
+        # One thread owns the netlink socket.  pyroute2 0.9 opens a further
+        # socket for each thread that uses the object, in that thread's
+        # namespace, closed only by close(): measured in the guest, every
+        # request thread of `pipexctl serve` left one netlink socket behind
+        # (one fd per offloaded call), and a thread outside ``netns`` would
+        # have talked to the wrong namespace.
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="netlink")
+
+        def make():
+            with self._in_ns():
+                return L2tpNetlink()
+
+        try:
+            self.nl = self._pool.submit(make).result()
+        except BaseException:
+            self._pool.shutdown(wait=False)
+            raise
 
     def _in_ns(self):
         import contextlib
@@ -65,9 +82,15 @@ class NetlinkBackend:
         return _netns.enter(self.netns)
 
     def __getattr__(self, name):
-        # tunnel_* and session_* go straight to the netlink socket
-        if name.startswith(("tunnel_", "session_")):
-            return getattr(self.nl, name)
+        # tunnel_* and session_* go to the netlink socket, on its own thread
+        if name.startswith(("tunnel_", "session_")) and self.__dict__.get("nl") is not None:
+            fn = getattr(self.nl, name)
+
+            def call(*args, **kw):
+                return self._pool.submit(fn, *args, **kw).result()
+
+            call.__name__ = name
+            return call
         raise AttributeError(name)
 
     def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
@@ -90,9 +113,11 @@ class NetlinkBackend:
         return s
 
     def close(self) -> None:
-        if self.nl is not None:
-            self.nl.close()
-            self.nl = None
+        nl, self.nl = self.__dict__.get("nl"), None
+        if nl is not None:
+            self._pool.submit(nl.close).result()
+        if "_pool" in self.__dict__:
+            self._pool.shutdown(wait=True)
 
 
 class _NullChannel:

@@ -352,6 +352,35 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def fd_kinds(pid: int) -> dict[str, int]:
+    """A process's open fds by kind ("socket", "pipe", "/dev/pts/*", "anon_inode:...", paths)."""
+    import collections
+    import re
+
+    inodes: dict[str, str] = {}  # socket inode -> protocol, from the process's /proc/net tables
+    for proto, col in (("udp", 9), ("udp6", 9), ("tcp", 9), ("unix", 6), ("netlink", 9), ("raw", 9)):
+        try:
+            with open(f"/proc/{pid}/net/{proto}") as fh:
+                next(fh)
+                for line in fh:
+                    parts = line.split()
+                    if len(parts) > col:
+                        inodes[parts[col]] = proto
+        except (OSError, StopIteration):
+            pass
+    out: collections.Counter = collections.Counter()
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            t = os.readlink(f"/proc/{pid}/fd/{f}")
+        except OSError:
+            continue
+        m = re.match(r"^socket:\[(\d+)\]$", t)
+        if m:
+            t = f"socket:{inodes.get(m[1], 'other')}"
+        out[re.sub(r"^pipe:\[\d+\]$", "pipe", re.sub(r"^/dev/pts/\d+$", "/dev/pts/*", t))] += 1
+    return dict(out)
+
+
 def _accepts(path: str) -> bool:
     import socket
 

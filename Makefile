@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-kernel bench clean
+.PHONY: setup demo test test-unit test-kernel bench churn clean
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +25,11 @@ test-kernel: setup
 bench: setup
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/run.py
+
+# 1,000 connect/disconnect cycles of offloaded calls in one guest boot, then
+# the leak count (not part of `make test`, which runs 18 cycles).
+churn: setup
+	$(PY) -m pipexctl.testing.vm --keep-results bench/results/churn -- $(PY) -m pipexctl.testing.churn --cycles 1000
 
 clean:
 	rm -rf .venv build .pytest_cache

@@ -138,6 +138,57 @@ class Orchestrator:
             return True
         return False
 
+    def ensure_session(self, session: SessionSpec, tunnel: Optional[TunnelSpec], present: bool = True, *,
+                       check: bool = False, tunnel_too: bool = True) -> dict:
+        """Desired state for configuration management (the Ansible module).
+
+        ``present``: the session exists as ``session`` says (its tunnel made
+        from ``tunnel`` when missing); a session with other parameters is a
+        ConflictError, never silently replaced.  Absent: the session is gone
+        (with ``tunnel_too``, its tunnel too once empty).  ``check``: only
+        say what would change.  Returns changed/before/after, where
+        before/after describe the session (None: none)."""
+        def describe(s: Optional[Session]) -> Optional[dict]:
+            if s is None:
+                return None
+            return {"tunnel_id": s.tunnel_id, "session_id": s.session_id, "peer_session_id": s.peer_session_id,
+                    "pw_type": s.pw_type.value, **({"ifname": s.ifname} if s.ifname else {})}
+
+        try:
+            have = self.backend.session_get(session.tunnel_id, session.session_id)
+        except errors.NotFoundError:
+            have = None
+        before = describe(have)
+        if not present:
+            if have is not None and not check:
+                self.delete_session(session.tunnel_id, session.session_id, tunnel_too=tunnel_too)
+            return {"changed": have is not None, "before": before, "after": None}
+        if have is not None:
+            diffs = [f"{k} {before.get(k)} != {v}" for k, v in
+                     (("peer_session_id", session.peer_session_id), ("pw_type", session.pw_type.value),
+                      ("ifname", session.ifname)) if v is not None and before.get(k) != v]
+            if diffs:
+                raise errors.ConflictError(f"{session.describe()} already exists with other parameters: "
+                                           + "; ".join(diffs) + " (remove it first: state absent)")
+            if tunnel is not None:
+                diffs = _same_tunnel(self.backend.tunnel_get(session.tunnel_id), tunnel)
+                if diffs:
+                    raise errors.ConflictError(f"tunnel {tunnel.tunnel_id} exists with other parameters: "
+                                               + "; ".join(diffs))
+            return {"changed": False, "before": before, "after": before}
+        if check:
+            if tunnel is not None:  # a conflicting tunnel fails in check mode too
+                t = {t.tunnel_id: t for t in self.backend.tunnel_dump()}.get(tunnel.tunnel_id)
+                if t is not None and _same_tunnel(t, tunnel):
+                    raise errors.ConflictError(f"tunnel {tunnel.tunnel_id} already exists with other parameters: "
+                                               + "; ".join(_same_tunnel(t, tunnel)))
+            after = {"tunnel_id": session.tunnel_id, "session_id": session.session_id,
+                     "peer_session_id": session.peer_session_id, "pw_type": session.pw_type.value,
+                     **({"ifname": session.ifname} if session.ifname else {})}
+            return {"changed": True, "before": None, "after": after}
+        res = self.add_session(session, tunnel)
+        return {"changed": True, "before": None, "after": describe(res.session)}
+
     def sessions(self, tunnel_id: Optional[int] = None) -> list[Session]:
         out = self.backend.session_dump()
         if tunnel_id is not None:

@@ -1,0 +1,111 @@
+#!/usr/bin/python
+"""Ansible module: turn pipexctl's offload on or off in xl2tpd's pppd options files."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: pipexctl_offload
+short_description: Load pipexctl's pppd plugin from xl2tpd's pppd options files
+description:
+  - Writes (or removes) one marked block in each pppd options file that xl2tpd.conf names
+    (C(pppoptfile)), so that every pppd xl2tpd starts asks C(pipexctl serve) for a kernel channel.
+  - Never changes a line outside its block; refuses a file that loads pipexctl.so or pppol2tp.so elsewhere.
+  - Takes effect for the next call; running calls keep their data path.
+  - Runs with a Python that has pipexctl installed (set C(ansible_python_interpreter)).
+options:
+  xl2tpd_conf: {type: path, default: /etc/xl2tpd/xl2tpd.conf, description: xl2tpd's configuration, read for its pppoptfile lines.}
+  options_files: {type: list, elements: path, description: The options files to manage (default - every pppoptfile of xl2tpd_conf).}
+  plugin: {type: str, default: pipexctl.so, description: The plugin (a name in pppd's plugin directory, or a path).}
+  socket: {type: str, default: /run/pipexctl/serve.sock, description: "pipexctl serve's socket (pipexctl_socket)."}
+  required: {type: bool, default: false, description: "pppd fails instead of falling back to the pty (pipexctl_required)."}
+  timeout: {type: int, description: "Seconds pppd waits for the daemon (pipexctl_timeout; the plugin's default is 5)."}
+  state: {type: str, default: present, choices: [present, absent], description: Whether the block is there.}
+"""
+
+EXAMPLES = r"""
+- pipexctl_offload:
+    xl2tpd_conf: /etc/xl2tpd/xl2tpd.conf
+    required: false
+  vars:
+    ansible_python_interpreter: /opt/pipexctl/venv/bin/python
+"""
+
+RETURN = r"""
+files: {description: The options files managed., type: list, returned: always}
+"""
+
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            xl2tpd_conf=dict(type="path", default="/etc/xl2tpd/xl2tpd.conf"),
+            options_files=dict(type="list", elements="path"),
+            plugin=dict(type="str", default="pipexctl.so"),
+            socket=dict(type="str", default="/run/pipexctl/serve.sock"),
+            required=dict(type="bool", default=False),
+            timeout=dict(type="int"),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        from pipexctl.offload import pppopts
+    except ImportError as e:
+        module.fail_json(msg=f"pipexctl is not importable: {e} (set ansible_python_interpreter to pipexctl's venv)")
+    p = module.params
+    files = p["options_files"]
+    if not files:
+        try:
+            with open(p["xl2tpd_conf"]) as f:
+                files = pppopts.option_files(f.read())
+        except OSError as e:
+            module.fail_json(msg=f"cannot read {p['xl2tpd_conf']}: {e.strerror}")
+        if not files:
+            module.fail_json(msg=f"{p['xl2tpd_conf']} names no pppoptfile: give options_files")
+    try:
+        want = pppopts.block(p["plugin"], p["socket"], p["required"], p["timeout"]) if p["state"] == "present" else None
+    except ValueError as e:
+        module.fail_json(msg=str(e))
+    changed, before, after = [], [], []
+    for path in files:
+        try:
+            with open(path) as f:
+                old = f.read()
+        except FileNotFoundError:
+            old = ""
+        except OSError as e:
+            module.fail_json(msg=f"cannot read {path}: {e.strerror}")
+        try:
+            new = pppopts.apply(old, want)
+        except ValueError as e:
+            module.fail_json(msg=f"{path}: {e}")
+        if new == old:
+            continue
+        changed.append(path)
+        before.append(f"# {path}\n{old}")
+        after.append(f"# {path}\n{new}")
+        if not module.check_mode:
+            d = os.path.dirname(path) or "."
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=".pipexctl-")
+            with os.fdopen(fd, "w") as f:
+                f.write(new)
+                f.flush()
+                os.fsync(f.fileno())
+            if os.path.exists(path):
+                st = os.stat(path)
+                os.chmod(tmp, st.st_mode & 0o7777)
+                os.chown(tmp, st.st_uid, st.st_gid)
+            else:
+                os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+    module.exit_json(changed=bool(changed), files=files, changed_files=changed,
+                     diff={"before": "\n".join(before), "after": "\n".join(after)})
+
+
+if __name__ == "__main__":
+    main()

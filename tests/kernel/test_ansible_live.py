@@ -1,0 +1,85 @@
+"""The Ansible module and role, run for real with ansible-core in the guest
+against localhost: changed, then unchanged, check mode, error cases.  The
+kernel and the files are checked here independently (`ip l2tp show`, the
+options files' text)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ip_l2tp
+
+pytestmark = pytest.mark.kernel
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def playbook(*args, cwd=ROOT / "ansible", check=True):
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": "/tmp/ansible-local",
+           "ANSIBLE_REMOTE_TEMP": "/tmp/ansible-remote"}
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", *args],
+                       capture_output=True, text=True, cwd=cwd, env=env)
+    if check:
+        assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    return r
+
+
+def recap(out: str) -> dict:
+    m = re.search(r"localhost\s*:\s*(.*)", out.split("PLAY RECAP")[-1])
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
+
+
+def test_session_module_against_the_kernel(pair):
+    r = playbook(str(Path(__file__).parent / "ansible" / "session.yml"), "-e", f"ns={pair.a}",
+                 "-e", f"venv_python={sys.executable}", "--diff")
+    assert recap(r.stdout)["failed"] == 0
+    # the playbook's own asserts passed; the kernel agrees: nothing is left
+    assert ip_l2tp(pair.a, "session") == [] and ip_l2tp(pair.a, "tunnel") == []
+
+
+def test_role_changed_then_unchanged_and_check_mode(tmp_path):
+    conf = tmp_path / "xl2tpd.conf"
+    lns_opts, lac_opts = tmp_path / "options.lns", tmp_path / "options.lac"
+    conf.write_text(f"[global]\nport = 1701\n\n[lns default]\nip range = 10.1.0.2-10.1.0.9\n"
+                    f"pppoptfile = {lns_opts}\n\n[lac up]\nlns = 192.0.2.1\npppoptfile = {lac_opts}\n")
+    lns_opts.write_text("noauth\nmtu 1400\n")
+    lac_opts.write_text("noauth\n")
+    (tmp_path / "systemd").mkdir()
+    (tmp_path / "modules").mkdir()
+    extra = ["-e", f"pipexctl_source={ROOT}", "-e", f"pipexctl_venv={Path(sys.executable).parent.parent}",
+             "-e", f"pipexctl_xl2tpd_conf={conf}", "-e", f"pipexctl_systemd_dir={tmp_path / 'systemd'}",
+             "-e", f"pipexctl_modules_load_dir={tmp_path / 'modules'}", "-e", "pipexctl_manage_service=false",
+             "-e", "pipexctl_timeout=10"]
+    site = tmp_path / "site.yml"
+    site.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [pipexctl_lns]\n")
+    first = playbook(str(site), *extra)
+    got = recap(first.stdout)
+    assert got["failed"] == 0 and got["changed"] >= 3, first.stdout[-3000:]
+    for f in (lns_opts, lac_opts):
+        text = f.read_text()
+        assert "plugin pipexctl.so\npipexctl_socket /run/pipexctl/serve.sock\npipexctl_timeout 10\n" in text
+        assert text.startswith("noauth\n")  # lines outside the block untouched
+    unit = (tmp_path / "systemd" / "pipexctl.service").read_text()
+    assert f"ExecStart={Path(sys.executable).parent}/pipexctl serve --socket /run/pipexctl/serve.sock" in unit
+    assert (tmp_path / "modules" / "pipexctl.conf").read_text() == (ROOT / "systemd" / "pipexctl-modules.conf").read_text()
+    # second run: nothing to do
+    second = playbook(str(site), *extra)
+    assert recap(second.stdout)["changed"] == 0, second.stdout[-3000:]
+    # someone removed the block from one file: check mode reports it and writes nothing
+    lac_opts.write_text("noauth\n")
+    check = playbook(str(site), *extra, "--check", "--diff")
+    assert recap(check.stdout)["changed"] == 1, check.stdout[-3000:]
+    assert "+plugin pipexctl.so" in check.stdout
+    assert lac_opts.read_text() == "noauth\n"
+    # an options file that already loads pppol2tp.so: a clear failure, the file untouched
+    lac_opts.write_text("plugin pppol2tp.so\n")
+    bad = playbook(str(site), *extra, check=False)
+    assert bad.returncode != 0 and "already loads pppol2tp.so outside pipexctl's block" in bad.stdout
+    assert lac_opts.read_text() == "plugin pppol2tp.so\n"

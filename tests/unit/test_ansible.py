@@ -1,0 +1,101 @@
+"""The Ansible side on the host: the options-file block (pppopts), the
+role's unit template against systemd/pipexctl.service, the modules'
+documentation against their argument specs, and ansible-playbook's syntax
+check.  The modules and the role run for real in the guest
+(tests/kernel/test_ansible_live.py)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipexctl.offload import pppopts
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = ROOT / "ansible"
+
+
+def test_block_added_replaced_removed_and_nothing_else_touched():
+    text = "noauth\n# mine\nmtu 1400"
+    b1 = pppopts.block(socket="/run/a.sock")
+    once = pppopts.apply(text, b1)
+    assert once.startswith(text + "\n") and once.endswith(b1)
+    assert pppopts.apply(once, b1) == once  # idempotent
+    b2 = pppopts.block(socket="/run/b.sock", required=True, timeout=9)
+    twice = pppopts.apply(once, b2)
+    assert pppopts.current(twice) == b2 and twice.count("# BEGIN pipexctl") == 1
+    assert "pipexctl_required\n" in twice and "pipexctl_timeout 9\n" in twice
+    assert pppopts.apply(twice, None) == text + "\n"
+
+
+@pytest.mark.parametrize("line", ["plugin pppol2tp.so", "plugin /usr/lib/pppd/2.4.9/pipexctl.so  # old"])
+def test_refuses_a_file_that_loads_a_plugin_outside_the_block(line):
+    with pytest.raises(ValueError, match="outside pipexctl's block"):
+        pppopts.apply(f"noauth\n{line}\n", pppopts.block())
+
+
+@pytest.mark.parametrize("kw", [{"socket": "/run/x y"}, {"plugin": "a#b"}, {"timeout": 0}, {"socket": ""}])
+def test_bad_block_values(kw):
+    with pytest.raises(ValueError):
+        pppopts.block(**kw)
+
+
+def test_option_files_of_xl2tpd_conf():
+    conf = ("[global]\n[lns default]\npppoptfile = /etc/ppp/options.lns ; comment\n"
+            "[lac a]\npppoptfile=/etc/ppp/options.lac\n[lac b]\npppoptfile = /etc/ppp/options.lac\n"
+            "; pppoptfile = /commented\n")
+    assert pppopts.option_files(conf) == ["/etc/ppp/options.lns", "/etc/ppp/options.lac"]
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300))
+def test_any_file_round_trips(text):
+    """Whatever is in the file (outside our markers): add then remove gives it back."""
+    if "# BEGIN pipexctl" in text or "# END pipexctl" in text:
+        return
+    try:
+        added = pppopts.apply(text, pppopts.block())
+    except ValueError:
+        return  # loads a plugin itself: refused, tested above
+    back = pppopts.apply(added, None)
+    assert back == (text if not text or text.endswith("\n") else text + "\n")
+
+
+def test_unit_template_is_the_shipped_unit_but_for_execstart():
+    unit = (ROOT / "systemd" / "pipexctl.service").read_text().splitlines()
+    tmpl = (ANSIBLE / "roles" / "pipexctl_lns" / "templates" / "pipexctl.service.j2").read_text().splitlines()
+    tmpl = [ln for ln in tmpl if not ln.startswith("# {{ ansible_managed }}") and "pipexctl_lns role" not in ln
+            and "tests/unit/test_ansible.py" not in ln]
+    diff = [(a, b) for a, b in zip(unit, tmpl) if a != b]
+    assert len(unit) == len(tmpl)
+    assert [a.split("=")[0] for a, _ in diff] == ["ExecStart"]
+
+
+@pytest.mark.parametrize("name", ["pipexctl_session", "pipexctl_offload"])
+def test_module_documentation_matches_its_argument_spec(name):
+    src = (ANSIBLE / "library" / f"{name}.py").read_text()
+    tree = ast.parse(src)
+    consts = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
+              if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+              and n.targets[0].id in ("DOCUMENTATION", "EXAMPLES", "RETURN")}
+    doc = yaml.safe_load(consts["DOCUMENTATION"])
+    yaml.safe_load(consts["EXAMPLES"])
+    spec = next(n for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg == "argument_spec")
+    args = {k.arg for k in spec.value.keywords}
+    assert doc["module"] == name and set(doc["options"]) == args
+
+
+def test_playbooks_pass_ansible_syntax_check():
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg")}
+    for pb, inv in ((ANSIBLE / "site.yml", ANSIBLE / "inventory.ini"),
+                    (ROOT / "tests" / "kernel" / "ansible" / "session.yml", "localhost,")):
+        r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "--syntax-check", "-i", str(inv),
+                            str(pb)], capture_output=True, text=True, cwd=ANSIBLE, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr

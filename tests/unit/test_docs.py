@@ -35,3 +35,26 @@ def test_readme_commands_are_make_targets():
     assert "make demo" in readme and "make test" in readme
     assert "\ndemo:" in makefile and "\ntest:" in makefile
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def _gen_man():
+    spec = importlib.util.spec_from_file_location("gen_man", ROOT / "scripts" / "gen_man.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_man_page_is_current_and_documents_every_command():
+    from pipexctl.cli import cli
+
+    text = (ROOT / "docs" / "pipexctl.8").read_text()
+    assert text == _gen_man().render(), "docs/pipexctl.8 is stale: run .venv/bin/python scripts/gen_man.py > docs/pipexctl.8"
+    for name in cli.commands:
+        assert f".SS pipexctl {name}\n" in text
+
+
+def test_man_page_renders_without_groff_warnings():
+    import subprocess
+
+    r = subprocess.run(["groff", "-man", "-ww", "-z", str(ROOT / "docs" / "pipexctl.8")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

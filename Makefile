@@ -29,7 +29,7 @@ bench: setup
 # 1,000 connect/disconnect cycles of offloaded calls in one guest boot, then
 # the leak count (not part of `make test`, which runs 18 cycles).
 churn: setup
-	$(PY) -m pipexctl.testing.vm --keep-results bench/results/churn -- $(PY) -m pipexctl.testing.churn --cycles 1000
+	$(PY) -m pipexctl.testing.vm --timeout 5400 --keep-results bench/results/churn -- $(PY) -m pipexctl.testing.churn --cycles 1000
 
 clean:
 	rm -rf .venv build .pytest_cache

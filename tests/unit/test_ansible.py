@@ -95,7 +95,8 @@ def test_module_documentation_matches_its_argument_spec(name):
 def test_playbooks_pass_ansible_syntax_check():
     env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg")}
     for pb, inv in ((ANSIBLE / "site.yml", ANSIBLE / "inventory.ini"),
-                    (ROOT / "tests" / "kernel" / "ansible" / "session.yml", "localhost,")):
+                    (ROOT / "tests" / "kernel" / "ansible" / "session.yml", "localhost,"),
+                    (ROOT / "tests" / "kernel" / "ansible" / "offload.yml", "localhost,")):
         r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "--syntax-check", "-i", str(inv),
                             str(pb)], capture_output=True, text=True, cwd=ANSIBLE, env=env)
         assert r.returncode == 0, r.stdout + r.stderr

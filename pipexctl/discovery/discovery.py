@@ -36,6 +36,7 @@ class LogFile:
         self._f = None
         self._ino: Optional[int] = None
         self._buf = b""
+        self.gaps = 0  # truncations seen: lines written just before one may be lost
 
     def read_lines(self) -> list[str]:
         out: list[bytes] = []
@@ -54,6 +55,7 @@ class LogFile:
             if st is not None and st.st_size < self._f.tell():
                 self._f.seek(0)  # truncated (copytruncate)
                 self._buf = b""
+                self.gaps += 1
             out += self._drain()
         return [b.decode("utf-8", "replace") for b in out]
 
@@ -161,7 +163,10 @@ class Discovery:
         for s in self.sources:
             if s.reader is None:
                 continue
+            gaps = getattr(s.reader, "gaps", 0)
             lines = s.reader.read_lines()
+            if getattr(s.reader, "gaps", 0) != gaps:  # lines may be missing: stop trusting counts
+                self.tracker.inst(s.name).serial_anchor = None
             for line in lines:
                 for rec in s.parser.feed(line):
                     ev += self.tracker.apply(s.name, rec)

@@ -191,6 +191,7 @@ class Tracker:
         return [CallDown(call=c, reason=reason)]
 
     def _all_down(self, ins: Instance, reason: str) -> list[Event]:
+        ins.calling, ins.serial_anchor = [], None  # a new xl2tpd numbers its calls afresh
         ev: list[Event] = []
         for tid in list(ins.tunnels):
             ev += self._tunnel_down(ins, tid, reason)
@@ -210,7 +211,12 @@ class Tracker:
         """The tunnel of an outgoing call from its serial number (see Instance.calling).
 
         With no anchor yet, only an unambiguous pending call (one towards
-        this peer) is taken, and it sets the anchor.  Several LAC sections
+        this peer) is taken, and it sets the anchor.  The anchor is dropped
+        when the numbers stop matching (a serial with no pending line, a
+        different peer), when xl2tpd restarts and when the log is truncated
+        (copytruncate can lose the lines written just before).  A "Calling on tunnel" line lost while the count still
+        matches (syslog rate limiting) is not detectable from the log: then
+        a call can get its neighbour's tunnel, and its PPP negotiation fails.  Several LAC sections
         dialling one LNS at once interleave their lines, so the last
         "Calling on tunnel" line is not necessarily this call's."""
         def peer_of(tid: int) -> Optional[str]:
@@ -219,11 +225,12 @@ class Tracker:
 
         pick = None
         if ins.serial_anchor is not None:
-            d = (serial - ins.serial_anchor[1]) % 0xFFFFFFFF  # xl2tpd wraps its serial there
-            idx = ins.serial_anchor[0] + (d - 0xFFFFFFFF if d > 0x7FFFFFFF else d)
+            idx = ins.serial_anchor[0] + (serial - ins.serial_anchor[1])
             pick = next((e for e in ins.calling if e[0] == idx), None)
-            if pick is not None and peer_of(pick[1]) not in (None, peer):
-                pick = None  # the anchor is wrong (a missed line): start again
+            if pick is None or peer_of(pick[1]) not in (None, peer):
+                # no such pending line, or another peer's: a line was missed (or
+                # the log restarted), so the count no longer tracks the serials
+                pick = None
                 ins.serial_anchor = None
         if pick is None:
             cands = [e for e in ins.calling if peer_of(e[1]) in (None, peer)]

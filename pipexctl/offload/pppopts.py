@@ -45,6 +45,12 @@ def apply(text: str, want: Optional[str]) -> str:
 
     Refuses a file that loads another copy of the plugin outside the block,
     or pppol2tp.so (xl2tpd's kernel mode is then already in use)."""
+    begins = len(re.findall(r"^# BEGIN pipexctl", text, re.M))
+    ends = len(re.findall(r"^# END pipexctl", text, re.M))
+    if begins > 1 or begins != ends or (begins and not _BLOCK.search(text)):
+        # an edited block: removing "from BEGIN on" could take the user's own lines
+        raise ValueError(f"pipexctl's block is damaged ({begins} BEGIN and {ends} END lines): "
+                         "repair or remove it by hand first")
     outside = _BLOCK.sub("", text)
     for line in outside.splitlines():
         words = line.split("#", 1)[0].split()

@@ -220,6 +220,7 @@ class OffloadServer:
         self.max_session_series = 1000  # per-session counters in metrics() beyond this are summed, not listed
         self._mbackend = None  # metrics' own netlink socket (a scrape never waits for self.lock)
         self._mlock = threading.Lock()
+        self._clock = threading.Lock()  # counters bumped by concurrent request threads
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -265,6 +266,10 @@ class OffloadServer:
             self.shutdown()
 
     def shutdown(self) -> None:
+        with self._mlock:
+            if self._mbackend is not None and self._mbackend is not self.backend:
+                self._mbackend.close()
+            self._mbackend = None
         with self.lock:
             if not self.teardown_on_exit:
                 # the kernel keeps the sessions (pppd holds their sockets), the
@@ -511,8 +516,9 @@ class OffloadServer:
                 # pppd also gets the tunnel's socket: the tunnel then outlives the daemon
                 fds = [ch.fileno()] + ([ts.sock.fileno()] if ts.sock is not None else [])
         except errors.PipexError as e:
-            self.stats["failed"] += 1
-            self.reasons[("failed", _reason(e))] += 1
+            with self._clock:
+                self.stats["failed"] += 1
+                self.reasons[("failed", _reason(e))] += 1
             log.warning("offload of call %d failed: %s", call.call_id, e)
             self._reply(conn, {"ok": False, "error": str(e)})
             return False
@@ -525,8 +531,9 @@ class OffloadServer:
             return False
         finally:
             ch.close()  # pppd holds the only copy now
-        self.stats["offloaded"] += 1
-        self.latencies.append(time.monotonic() - t0)
+        with self._clock:
+            self.stats["offloaded"] += 1
+            self.latencies.append(time.monotonic() - t0)
         log.info("call %d (tunnel %d) of pppd %d offloaded in %.0f ms (%.0f ms waiting for discovery, "
                  "%.0f for the lock, %.0f kernel+nft, %.0f ms in nft)", call.call_id, call.tunnel_id, pid,
                  (time.monotonic() - t0) * 1000, (t1 - t0) * 1000, (t3 - t2) * 1000, (t4 - t3) * 1000,
@@ -707,12 +714,17 @@ class OffloadServer:
                             for t in self.tunnels.values()],
                 "stats": dict(self.stats),
                 "reconcile": self.last_reconcile,
-                "channel_latency_ms": _percentiles([x * 1000 for x in self.latencies]),
+                "channel_latency_ms": _percentiles([x * 1000 for x in self._latencies()]),
             }
 
+    def _latencies(self) -> list[float]:
+        with self._clock:
+            return list(self.latencies)
+
     def _refused(self, reason: str) -> None:
-        self.stats["refused"] += 1
-        self.reasons[("refused", reason)] += 1
+        with self._clock:
+            self.stats["refused"] += 1
+            self.reasons[("refused", reason)] += 1
 
     def metrics(self) -> dict:
         """The numbers behind ``--metrics`` (Prometheus) and ``pipexctl stat --serve``.
@@ -726,7 +738,8 @@ class OffloadServer:
         with self.lock:
             owned = {(t.tunnel_id, cid): t.peer for t in self.tunnels.values() for cid in t.sessions}
             n_tunnels = len(self.tunnels)
-            stats, reasons = dict(self.stats), dict(self.reasons)
+            with self._clock:
+                stats, reasons = dict(self.stats), dict(self.reasons)
         sessions, error = [], None
         with self._mlock:
             try:
@@ -736,7 +749,7 @@ class OffloadServer:
                     self._mbackend = (NetlinkBackend(netns=self.backend.netns)
                                       if isinstance(self.backend, NetlinkBackend) else self.backend)
                 sessions = [s for s in self._mbackend.session_dump() if (s.tunnel_id, s.session_id) in owned]
-            except errors.PipexError as e:
+            except (errors.PipexError, OSError) as e:
                 error = str(e)
         sessions.sort(key=lambda s: (s.tunnel_id, s.session_id))
         fields = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
@@ -754,6 +767,6 @@ class OffloadServer:
                           "orphans_removed": stats["orphans_removed"]},
             "sessions": listed,
             "sessions_not_listed": {"count": len(rest), **{f: sum(getattr(s.stats, f) for s in rest) for f in fields}},
-            "channel_latency_ms": _percentiles([x * 1000 for x in self.latencies]),
+            "channel_latency_ms": _percentiles([x * 1000 for x in self._latencies()]),
             "kernel_error": error,
         }

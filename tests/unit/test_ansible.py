@@ -100,3 +100,14 @@ def test_playbooks_pass_ansible_syntax_check():
         r = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "--syntax-check", "-i", str(inv),
                             str(pb)], capture_output=True, text=True, cwd=ANSIBLE, env=env)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("damage", [lambda t: t.replace("# END pipexctl\n", ""),
+                                    lambda t: t + pppopts.block().replace("# END pipexctl\n", ""),
+                                    lambda t: t + pppopts.block()])
+def test_a_damaged_block_is_refused_not_guessed(damage):
+    """A lost END line must not make `absent` delete the user's lines after it."""
+    text = damage("noauth\n" + pppopts.block() + "mtu 1400\nrequire-mschap-v2\n")
+    for want in (None, pppopts.block()):
+        with pytest.raises(ValueError, match="damaged"):
+            pppopts.apply(text, want)

@@ -229,3 +229,16 @@ def test_concurrent_lac_calls_get_their_tunnels_by_serial(with_start):
     if with_start:
         ev = [e for r in lp.parse_lines(more) for e in t.apply("lac", r)]
         assert {e.call.call_id: e.call.tunnel_id for e in ev if e.event == "CallUp"} == {7: 45744, 9: 1588}
+
+
+def test_a_serial_with_no_pending_line_drops_the_anchor():
+    """A lost "Calling on tunnel" line shows as a serial that names no pending
+    line: the anchor goes, and only an unambiguous call is mapped after it."""
+    lines = CONCURRENT_LAC.splitlines()
+    del lines[2]  # serial 1's line is lost: two pending lines left, for serials 2 and 3
+    t, ev = events("lac", lines)
+    got = {e.call.call_id: e.call.tunnel_id for e in ev if e.event == "CallUp"}
+    # Serial 3 arrives first: no 3rd pending line -> anchor dropped; two candidates -> unknown,
+    # and so for the rest (none of them is guessed)
+    assert got == {36108: None, 18800: None, 56946: None}
+    assert t.inst("lac").serial_anchor is None

@@ -71,7 +71,7 @@ class GuestRun:
             with open(args, "w") as f:
                 f.write("\n".join(self.nodeids) + "\n")
             verbose = ["-v"] if self.config.option.verbose > 0 else ["-q"]
-            budget = int(float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "2100"))) - 60
+            budget = int(float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "3600"))) - 60
             cmd = ["timeout", "-k", "10", str(budget), sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "kernel",
                    "--rootdir", str(ROOT), *verbose, f"@{args}"]
             import contextlib
@@ -84,7 +84,7 @@ class GuestRun:
                     f"PIPEXCTL_GUEST_REPORT=$PIPEXCTL_RESULTS/report.jsonl {shlex.join(cmd)}",
                     cwd=str(ROOT),
                     echo=echo,
-                    timeout=float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "2100")),
+                    timeout=float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "3600")),
                 )
         except VMError as e:
             self.error = f"kernel tests cannot run: the host lacks L2TP ({self.why}) and the guest failed: {e}"

@@ -146,20 +146,9 @@ pppoptfile = {lac.dir}/options
 
     def serve_status(self, inst: Instance) -> dict:
         """The daemon's ``status`` reply (tunnels, stats, reconcile, latency)."""
-        import json
-        import socket
+        from ..offload.client import ask
 
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(30)
-            s.connect(self.serve_socket(inst))
-            s.sendall(b'{"op": "status"}\n')
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        return json.loads(data)
+        return ask(self.serve_socket(inst), {"op": "status"})
 
     def serve(self, inst: Instance, *extra: str) -> subprocess.Popen:
         """Start `pipexctl serve` in ``inst``'s namespace, following its xl2tpd."""

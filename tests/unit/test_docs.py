@@ -8,11 +8,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _gen():
-    spec = importlib.util.spec_from_file_location("gen_cli_docs", ROOT / "scripts" / "gen_cli_docs.py")
+def _script(name: str):
+    """scripts/<name>.py loaded as a module (the generators are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _gen():
+    return _script("gen_cli_docs")
 
 
 def test_cli_reference_is_current():
@@ -38,10 +43,7 @@ def test_readme_commands_are_make_targets():
 
 
 def _gen_man():
-    spec = importlib.util.spec_from_file_location("gen_man", ROOT / "scripts" / "gen_man.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _script("gen_man")
 
 
 def test_man_page_is_current_and_documents_every_command():

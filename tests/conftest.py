@@ -103,6 +103,9 @@ class GuestRun:
                     self.results[rec["nodeid"]] = rec
         self._say(f"[kernel tests] guest finished in {time.monotonic() - start:.0f} s "
                   f"(guest pytest exit status {r.returncode}, {len(self.results)} results)")
+        slow = sorted(self.results.values(), key=lambda rec: -rec.get("duration", 0))
+        self._say("[kernel tests] slowest in the guest (call phase): " + ", ".join(
+            f"{rec['nodeid'].split('::')[-1]} {rec.get('duration', 0):.0f} s" for rec in slow[:12]))
         import shutil
 
         shutil.rmtree(r.results_dir, ignore_errors=True)

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from .lab import Lab, fd_kinds, kernel_objects, open_fds, plugin_options
+from .probe import ppp_inet_links, wait_until
 
 # lns-hangup last: a redial after LNS hang-ups can hit xl2tpd 1.3.18's own
 # control-sequence bug (see below), which an 18-cycle CI run must not depend on
@@ -36,20 +37,11 @@ KINDS = ("lac-disconnect", "pppd-kill", "lns-hangup")
 
 
 def _wait(pred, what: str, lab: Lab, timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out ({timeout:.0f} s) waiting for {what}{lab.tails(800)}")
+    wait_until(pred, what, timeout, detail=lambda: lab.tails(800), interval=0.2)
 
 
 def _ppp_up(ns: str) -> int:
-    import subprocess
-
-    out = json.loads(subprocess.run(["ip", "-n", ns, "-j", "addr", "show"], capture_output=True, text=True).stdout)
-    return sum(1 for i in out if i["ifname"].startswith("ppp")
-               and any(a.get("family") == "inet" for a in i.get("addr_info", [])))
+    return len(ppp_inet_links(ns))
 
 
 def _quiet(inst_objects: dict) -> bool:

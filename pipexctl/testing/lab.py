@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .probe import ip_json
+
 PPP_OPTS_COMMON = """noauth
 nodefaultroute
 noccp
@@ -326,7 +328,7 @@ def kernel_objects(ns: str) -> dict:
         nft = json.loads(run("ip", "netns", "exec", ns, "nft", "-j", "list", "table", "ip", "pipexctl"))["nftables"]
     except (ValueError, KeyError):
         nft = []
-    links = json.loads(run("ip", "-n", ns, "-j", "link", "show") or "[]")
+    links = ip_json(ns, "link", "show")
     return {
         "tunnels": len(re.findall(r"^Tunnel \d+", l2tp, re.M)),
         "sessions": len(re.findall(r"^Session \d+", l2tp, re.M)),

@@ -15,6 +15,7 @@ import pytest
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.orchestrator import Orchestrator
 from pipexctl import netns
+from pipexctl.testing.probe import ip_json, wait_until  # noqa: F401  (tests import wait_until from here)
 
 
 @pytest.fixture(params=["userspace", "kernel"])
@@ -98,23 +99,11 @@ def ip_l2tp(ns: str, what: str) -> list[dict]:
 
 
 def link_stats(ns: str, dev: str) -> dict:
-    import json
-
-    out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", dev], capture_output=True, text=True, check=True).stdout
-    st = json.loads(out)[0]["stats64"]
+    st = ip_json(ns, "-s", "link", "show", dev)[0]["stats64"]
     return {"rx_packets": st["rx"]["packets"], "tx_packets": st["tx"]["packets"],
             "rx_bytes": st["rx"]["bytes"], "tx_bytes": st["tx"]["bytes"]}
 
 
-def wait_until(pred, what: str, timeout: float = 60, detail=lambda: "") -> None:
-    import time
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}{detail()}")
 
 
 class Watcher:

@@ -21,6 +21,7 @@ import pytest
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.offload.client import ask
 from pipexctl.testing.lab import Lab, iperf_received
+from pipexctl.testing.probe import ip_json
 
 from .conftest import ip_l2tp, wait_until
 
@@ -117,10 +118,10 @@ def test_offload_both_sides(lab):
     assert ok, out
     assert "pipexctl: kernel channel for tunnel" in (lab.lns.dir / "pppd.log").read_text()
     before_x = status_lns_bytes(lab)
-    link0 = json.loads(sh("ip", "-n", lab.lns.ns, "-s", "-j", "link", "show", "ppp0"))[0]["stats64"]["rx"]["bytes"]
+    link0 = ip_json(lab.lns.ns, "-s", "link", "show", "ppp0")[0]["stats64"]["rx"]["bytes"]
     ok, out = ping(l1.ns, "10.99.100.1", count=20, size=1200)
     assert ok, out
-    link1 = json.loads(sh("ip", "-n", lab.lns.ns, "-s", "-j", "link", "show", "ppp0"))[0]["stats64"]["rx"]["bytes"]
+    link1 = ip_json(lab.lns.ns, "-s", "link", "show", "ppp0")[0]["stats64"]["rx"]["bytes"]
     assert link1 - link0 >= 20 * 1200
     assert status_lns_bytes(lab) == before_x, "xl2tpd's own per-call counters must stay flat"
     # iperf3 through the offloaded session: the kernel session's own counters
@@ -386,7 +387,7 @@ def test_control_channel_survives_idle_hellos(lab):
 
 def ppp_addrs(ns):
     """{pppN: its peer's address} for the PPP links with IPCP done."""
-    out = json.loads(sh("ip", "-n", ns, "-j", "addr", "show"))
+    out = ip_json(ns, "addr", "show")
     return {i["ifname"]: a.get("address") for i in out if i["ifname"].startswith("ppp")
             for a in i.get("addr_info", []) if a.get("family") == "inet"}
 

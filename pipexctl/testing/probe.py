@@ -1,0 +1,53 @@
+"""Independent probes of kernel state for tests, the lab and the churn.
+
+They read what iproute2 prints, not what pipexctl says.  ``ip -j`` dumps
+through rtnetlink; when the kernel changes the table mid-dump (a PPP link
+coming up while 20 calls start) it marks the dump NLM_F_DUMP_INTR and
+iproute2 prints "Dump was interrupted and may be inconsistent." on stderr.
+Such a dump is taken again, never parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+INTERRUPTED = "Dump was interrupted"
+
+
+class ProbeError(RuntimeError):
+    pass
+
+
+def ip_json(ns: str | None, *args: str, tries: int = 20) -> list:
+    """``ip [-n ns] -j ARGS`` as parsed JSON; a dump the kernel marked
+    interrupted is taken again (up to ``tries`` times)."""
+    cmd = ["ip", *(["-n", ns] if ns else []), "-j", *args]
+    last = ""
+    for _ in range(tries):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if INTERRUPTED in r.stderr or INTERRUPTED in r.stdout:
+            last = "interrupted dump"
+            time.sleep(0.05)
+            continue
+        if r.returncode != 0:
+            raise ProbeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
+        return json.loads(r.stdout or "[]")
+    raise ProbeError(f"{' '.join(cmd)}: {last} {tries} times in a row")
+
+
+def ppp_inet_links(ns: str) -> list[str]:
+    """Names of the PPP links in ``ns`` that carry an IPv4 address (IPCP done)."""
+    return [i["ifname"] for i in ip_json(ns, "addr", "show")
+            if i["ifname"].startswith("ppp") and any(a.get("family") == "inet" for a in i.get("addr_info", []))]
+
+
+def wait_until(pred, what: str, timeout: float = 60, detail=lambda: "", interval: float = 0.1) -> None:
+    """Poll ``pred`` until true; else AssertionError naming ``what``, with ``detail()`` appended."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out ({timeout:.0f} s) waiting for {what}{detail()}")

@@ -1,0 +1,44 @@
+"""pipexctl.testing.probe: the independent probes the kernel tests read."""
+
+import pytest
+
+from pipexctl.testing import probe
+
+
+def test_ip_json_parses_the_host_links():
+    links = probe.ip_json(None, "link", "show")
+    assert any(i["ifname"] == "lo" for i in links)
+
+
+def test_ip_json_names_the_command_when_ip_fails():
+    with pytest.raises(probe.ProbeError, match="link show no-such-dev"):
+        probe.ip_json(None, "link", "show", "no-such-dev")
+
+
+def test_an_interrupted_dump_is_taken_again(monkeypatch):
+    """The CI failure of stop 9: iproute2 printed a valid JSON document and
+    then 'Dump was interrupted' and the test parsed it; now it is retaken."""
+    import subprocess
+
+    outs = iter([
+        subprocess.CompletedProcess([], 0, '[{"ifname":"ppp0"}]\n', "Dump was interrupted and may be inconsistent.\n"),
+        subprocess.CompletedProcess([], 0, '[{"ifname":"ppp0"},{"ifname":"ppp1"}]\n', ""),
+    ])
+    monkeypatch.setattr(probe.subprocess, "run", lambda *a, **k: next(outs))
+    assert [i["ifname"] for i in probe.ip_json("ns", "link", "show")] == ["ppp0", "ppp1"]
+
+
+def test_a_dump_interrupted_every_time_is_an_error(monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(probe.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        [], 0, "[]", "Dump was interrupted and may be inconsistent.\n"))
+    monkeypatch.setattr(probe.time, "sleep", lambda s: None)
+    with pytest.raises(probe.ProbeError, match="interrupted dump 3 times"):
+        probe.ip_json("ns", "addr", "show", tries=3)
+
+
+def test_wait_until_names_what_it_waited_for():
+    with pytest.raises(AssertionError, match="waiting for the moon; detail"):
+        probe.wait_until(lambda: False, "the moon", timeout=0.2, detail=lambda: "; detail")
+    probe.wait_until(lambda: True, "nothing", timeout=0.2)

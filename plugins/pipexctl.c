@@ -390,5 +390,10 @@ void plugin_init(void)
 	close(s);
 	add_options(px_options);
 	px_fallback = the_channel;
+	/* pppd looks every later option up in the_channel->options as well:
+	 * NULL there crashed pppd (SIGSEGV in find_option) on any protocol
+	 * option after the plugin line, and an empty table would refuse the
+	 * tty options ("asyncmap", "crtscts") that the fallback channel needs */
+	px_channel.options = px_fallback->options;
 	the_channel = &px_channel;
 }

@@ -49,12 +49,28 @@ from ..kernel.pppol2tp import take_udp_socket
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from . import statefile
 from .statefile import SessionRecord, TunnelRecord
-from .steering import Nft, Steer, delete_table, ruleset
+from .steering import Nft, Steer, Steering, delete_table, ruleset
 
 log = logging.getLogger("pipexctl.serve")
 
 MAX_REQUEST = 4096
 SO_NO_CHECK = 11  # asm-generic/socket.h
+
+# Failpoints for the fault tests (tests/kernel/test_faults.py): with
+# PIPEXCTL_FAILPOINT=<name> in its environment the daemon kills itself with
+# SIGKILL at that point of the offload sequence, as a crash or an OOM kill
+# there would.  Unset (always, in production) they cost one set lookup.
+FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "rules-applied", "state-saved",
+              "channel-sent")
+
+
+def _failpoints() -> frozenset:
+    names = frozenset(n for n in os.environ.get("PIPEXCTL_FAILPOINT", "").split(",") if n)
+    unknown = names - set(FAILPOINTS)
+    if unknown:
+        raise errors.InvalidArgumentError(f"PIPEXCTL_FAILPOINT: unknown {', '.join(sorted(unknown))} "
+                                f"(known: {', '.join(FAILPOINTS)})")
+    return names
 
 
 class PtyHolder:
@@ -192,6 +208,7 @@ class OffloadServer:
                  reconcile_interval: float = 5.0, state_path: Optional[str] = None,
                  teardown_on_exit: bool = False) -> None:
         self.socket_path, self.d, self.backend, self.nft = socket_path, discovery, backend, nft
+        self.steering = Steering(nft)
         self.wait, self.xl2tpd_port = wait, xl2tpd_port
         self.state_path = state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json")
         self.teardown_on_exit = teardown_on_exit
@@ -221,6 +238,14 @@ class OffloadServer:
         self._mbackend = None  # metrics' own netlink socket (a scrape never waits for self.lock)
         self._mlock = threading.Lock()
         self._clock = threading.Lock()  # counters bumped by concurrent request threads
+        self.failpoints = _failpoints()
+
+    def _failpoint(self, name: str) -> None:
+        if name in self.failpoints:
+            log.warning("failpoint %s: SIGKILL", name)
+            for h in logging.getLogger().handlers:
+                h.flush()
+            os.kill(os.getpid(), 9)
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -285,6 +310,7 @@ class OffloadServer:
                 self._drop_tunnel(key, "pipexctl serve stopping", sync=False)
             try:
                 self.nft.apply(delete_table())
+                self.steering.forget()
             except errors.PipexError as e:
                 log.warning("%s", e)
             self._save()
@@ -378,6 +404,7 @@ class OffloadServer:
         self.stats["orphans_removed"] += len(p.remove_sessions) + len(p.remove_tunnels)
         self.last_reconcile = {**p.summary(), "warning": warning, "at": time.time()}
         self.reconciles += 1
+        self.steering.forget()  # a reconcile rewrites the whole table, whatever happened to it
         self._apply_rules()
         self._save()
         return self.last_reconcile
@@ -420,6 +447,13 @@ class OffloadServer:
         if isinstance(e, CallDown):
             key = (e.call.instance, e.call.tunnel_id)
             ts = self.tunnels.get(key)
+            rec = ts.records.get(e.call.call_id) if ts else None
+            if rec is not None and e.call.pppd_pid and rec.pppd_pid != e.call.pppd_pid:
+                # the end of an earlier call with this id (xl2tpd reused it and
+                # the new call was offloaded first): not this session's end
+                log.info("call %d of tunnel %d: end of pppd %d's call, not of pppd %d's: kept", e.call.call_id,
+                         ts.tunnel_id, e.call.pppd_pid, rec.pppd_pid)
+                return
             self.ptys.release((e.call.instance, e.call.call_id))
             if ts and e.call.call_id in ts.sessions:
                 del ts.sessions[e.call.call_id]
@@ -430,7 +464,12 @@ class OffloadServer:
                 self._sync()
         elif isinstance(e, TunnelDown):
             key = (e.tunnel.instance, e.tunnel.tunnel_id)
-            if key in self.tunnels:
+            ts = self.tunnels.get(key)
+            if ts is not None and e.tunnel.peer_tunnel_id and e.tunnel.peer_tunnel_id != ts.peer_tunnel_id:
+                log.info("tunnel %d: end of the earlier tunnel with this id (peer id %d, ours is %d): kept",
+                         ts.tunnel_id, e.tunnel.peer_tunnel_id, ts.peer_tunnel_id)
+                return
+            if ts is not None:
                 self._drop_tunnel(key, e.reason)
 
     # ---------------------------------------------------------- requests
@@ -531,6 +570,7 @@ class OffloadServer:
             return False
         finally:
             ch.close()  # pppd holds the only copy now
+        self._failpoint("channel-sent")
         with self._clock:
             self.stats["offloaded"] += 1
             self.latencies.append(time.monotonic() - t0)
@@ -580,9 +620,18 @@ class OffloadServer:
     def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None):
         key = (call.instance, call.tunnel_id)
         ts = self.tunnels.get(key)
+        if ts is not None and (ts.peer_tunnel_id, ts.peer, ts.peer_port) != (call.peer_tunnel_id, call.peer,
+                                                                          call.peer_port or 1701):
+            # xl2tpd picked the id of a tunnel whose end discovery has not
+            # reported yet (its ids are random): that tunnel is gone
+            self._drop_tunnel(key, f"its id {call.tunnel_id} now names a new tunnel to {call.peer}")
+            ts = None
         new_tunnel = ts is None
         if new_tunnel:
             ts = self._new_tunnel(call)
+        if call.call_id in ts.sessions and self._stale_session(ts, call.call_id):
+            # the id of a call whose end discovery has not reported yet
+            self._forget_session(ts, call.call_id, "its id was reused by a new call")
         if call.call_id in ts.sessions:
             # before the try: the rollback below must not touch the healthy session
             raise errors.ConflictError(f"call {call.call_id} of tunnel {call.tunnel_id} is already offloaded")
@@ -593,18 +642,22 @@ class OffloadServer:
                                version=2, pw_type=PwType.ppp, lns_mode=call.role == "lns")
             self.backend.session_create(spec)
             session_made = True
+            self._failpoint("session-created")
             # what PPPoL2TP connect needs is known: no netlink round trip to read it back
             kt = Tunnel(tunnel_id=ts.tunnel_id, peer_tunnel_id=ts.peer_tunnel_id, version=2, encap=Encap.udp)
             ks = Session(tunnel_id=ts.tunnel_id, session_id=call.call_id, peer_session_id=call.peer_call_id,
                          pw_type=PwType.ppp)
             ch = self.backend.ppp_connect(kt, ks)
+            self._failpoint("channel-connected")
             ts.sessions[call.call_id] = Steer(ts.local, ts.peer, ts.peer_port, ts.private_port, ts.tunnel_id,
                                               call.call_id, self.xl2tpd_port)
             ts.records[call.call_id] = SessionRecord(call_id=call.call_id, peer_call_id=call.peer_call_id,
                                                      pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role,
                                                      pty=pty)
             self._apply_rules()
+            self._failpoint("rules-applied")
             self._save()
+            self._failpoint("state-saved")
         except BaseException:
             if ch is not None:
                 ch.close()
@@ -647,11 +700,28 @@ class OffloadServer:
         except BaseException:
             s.close()
             raise
+        self._failpoint("tunnel-created")
         ts = TunnelState(call.instance, call.tunnel_id, call.peer_tunnel_id, local, call.peer, peer_port, s, private)
         self.tunnels[(call.instance, call.tunnel_id)] = ts
         log.info("kernel tunnel %d/%d on %s:%d <-> %s:%d", ts.tunnel_id, ts.peer_tunnel_id, local, private,
                  call.peer, peer_port)
         return ts
+
+    def _stale_session(self, ts: TunnelState, call_id: int) -> bool:
+        """True when the kernel no longer has a session we recorded: its pppd
+        closed the PPPoL2TP socket (it ended), whatever discovery says yet."""
+        try:
+            self.backend.session_get(ts.tunnel_id, call_id)
+        except errors.NotFoundError:
+            return True
+        return False
+
+    def _forget_session(self, ts: TunnelState, call_id: int, why: str) -> None:
+        ts.sessions.pop(call_id, None)
+        ts.records.pop(call_id, None)
+        self.ptys.release((ts.instance, call_id))
+        self.stats["removed"] += 1
+        log.info("call %d of tunnel %d had ended (%s)", call_id, ts.tunnel_id, why)
 
     def _undo_session(self, call: CallInfo, tunnel_id: int) -> None:
         ts = self.tunnels.get((call.instance, tunnel_id))
@@ -684,7 +754,7 @@ class OffloadServer:
 
     def _apply_rules(self) -> None:
         start = time.monotonic()
-        self.nft.apply(ruleset(s for t in self.tunnels.values() for s in t.sessions.values()))
+        self.steering.apply(s for t in self.tunnels.values() for s in t.sessions.values())
         self.nft_seconds = time.monotonic() - start
 
     @staticmethod

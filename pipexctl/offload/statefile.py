@@ -152,6 +152,13 @@ def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterab
                 kept.append(s)
             else:
                 p.remove_sessions.append((rec.tunnel_id, s.call_id, f"call gone or pppd {s.pppd_pid} dead"))
+        recorded = {s.call_id for s in rec.sessions}
+        for tid, sid in sorted(ks):
+            # only this daemon adds sessions to its tunnel (its private port):
+            # one it did not record was left by a crash between session create
+            # and the state write
+            if tid == rec.tunnel_id and sid not in recorded:
+                p.remove_sessions.append((tid, sid, "in our tunnel but not recorded (an interrupted offload)"))
         if kept:
             p.adopt.append(rec.model_copy(update={"sessions": kept}))
         else:

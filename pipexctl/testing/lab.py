@@ -67,6 +67,8 @@ class Lab:
     lacs: list[Instance] = field(default_factory=list)
     serves: list = field(default_factory=list)
     sections: int = 1  # [lac] sections per LAC, each its own tunnel: "lns", "lns2", ...
+    lns_global: str = ""  # extra [global] lines of the LNS's xl2tpd.conf
+    lns_env: dict = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
 
     def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
@@ -94,8 +96,8 @@ class Lab:
         return self
 
     # ---- configuration
-    def _global(self, listen: str | None) -> str:
-        g = "[global]\nport = 1701\n"
+    def _global(self, listen: str | None, extra: str = "") -> str:
+        g = "[global]\nport = 1701\n" + extra
         if listen:
             g += f"listen-addr = {listen}\n"
         if not self.kernel_mode:
@@ -109,7 +111,7 @@ class Lab:
             PPP_OPTS_COMMON + f"logfile {self.lns.dir}/pppd.log\nms-dns 10.99.200.1\n"
             + extra_pppd.format(sock=self.serve_socket(self.lns)))
         self.lns.dir.joinpath("xl2tpd.conf").write_text(
-            self._global(None)
+            self._global(None, self.lns_global)
             + f"""
 [lns default]
 ip range = 10.99.100.2-10.99.100.250
@@ -152,11 +154,13 @@ pppoptfile = {lac.dir}/options
 
         return ask(self.serve_socket(inst), {"op": "status"})
 
-    def serve(self, inst: Instance, *extra: str) -> subprocess.Popen:
-        """Start `pipexctl serve` in ``inst``'s namespace, following its xl2tpd."""
-        return self.serve_all([inst], *extra)[0]
+    def serve(self, inst: Instance, *extra: str, env: dict | None = None) -> subprocess.Popen:
+        """Start `pipexctl serve` in ``inst``'s namespace, following its xl2tpd
+        (``env``: added to its environment)."""
+        return self.serve_all([inst], *extra, env=env)[0]
 
-    def serve_all(self, insts: list[Instance] | None = None, *extra: str) -> list[subprocess.Popen]:
+    def serve_all(self, insts: list[Instance] | None = None, *extra: str,
+                  env: dict | None = None) -> list[subprocess.Popen]:
         """Start one `pipexctl serve` per instance at once (default: all), then
         wait until each accepts (Python starts slowly under TCG: ~10 s each)."""
         import sys
@@ -168,7 +172,7 @@ pppoptfile = {lac.dir}/options
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", inst.ns, sys.executable, "-m", "pipexctl", "serve", "-v",
                  "--socket", self.serve_socket(inst), "--log", str(inst.log), "--control", inst.control, *extra],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}))
             out.close()
         self.serves += procs
         end = time.monotonic() + 90
@@ -187,6 +191,7 @@ pppoptfile = {lac.dir}/options
             ["ip", "netns", "exec", inst.ns, "xl2tpd", "-D", "-c", str(inst.dir / "xl2tpd.conf"),
              "-p", inst.pidfile, "-C", inst.control],
             stdout=inst.log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(self.lns_env if inst is self.lns else {})},
         )
         self.wait_log(inst, "Listening on IP address", timeout=15, offset=offset)
 

@@ -173,3 +173,47 @@ def test_a_duplicate_offload_leaves_the_healthy_session_and_its_steering(srv):
     assert 1 in srv.tunnels[("xl2tpd", 100)].sessions
     assert srv.nft.docs[-1] == rules_before  # no rewrite without the session
     assert srv.backend.session_get(100, 1).session_id == 1
+
+
+def test_a_reused_session_id_is_offloaded_and_the_old_calls_late_end_spares_it(srv):
+    """xl2tpd's call ids are random: a new call can get the id of one whose
+    pppd just exited, before discovery reported that end."""
+    from pipexctl.discovery.state import CallDown
+
+    offload(srv, call(1))
+    srv.channels.pop().close()  # the first pppd exits: the kernel drops its session
+    new = call(1).model_copy(update={"pppd_pid": 4343, "peer_call_id": 77})
+    ch, meta = srv.offload(new, 4343)
+    srv.channels.append(ch)
+    assert meta["peer_session_id"] == 77 and srv.backend.session_get(100, 1).peer_session_id == 77
+    srv._on_event(CallDown(call=call(1), reason="pppd 4242 exited"))  # the old call's end, late
+    assert srv.tunnels[("xl2tpd", 100)].records[1].pppd_pid == 4343
+    assert srv.backend.session_get(100, 1).peer_session_id == 77
+    srv._on_event(CallDown(call=new, reason="hung up"))  # the new call's own end
+    assert 1 not in srv.tunnels[("xl2tpd", 100)].sessions
+
+
+def test_a_reused_tunnel_id_replaces_the_dead_tunnel_and_its_late_end_spares_the_new_one(srv):
+    from pipexctl.discovery.state import TunnelDown, TunnelInfo
+
+    offload(srv, call(1))
+    old_sock = srv.tunnels[("xl2tpd", 100)].sock
+    new = call(5).model_copy(update={"peer_tunnel_id": 300, "pppd_pid": 4343})
+    ch, meta = srv.offload(new, 4343)
+    srv.channels.append(ch)
+    ts = srv.tunnels[("xl2tpd", 100)]
+    assert ts.peer_tunnel_id == 300 and list(ts.sessions) == [5] and old_sock.fileno() == -1
+    assert srv.backend.tunnel_get(100).peer_tunnel_id == 300
+    srv._on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=200)))
+    assert ("xl2tpd", 100) in srv.tunnels and srv.backend.tunnel_get(100).peer_tunnel_id == 300
+    srv._on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=300)))
+    assert ("xl2tpd", 100) not in srv.tunnels
+
+
+def test_an_unknown_failpoint_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "rules-applied,tunnel-made")
+    with pytest.raises(errors.InvalidArgumentError, match="unknown tunnel-made"):
+        OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), RecordingNft())
+    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "rules-applied")
+    s = OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), RecordingNft())
+    assert s.failpoints == {"rules-applied"}

@@ -88,3 +88,17 @@ def test_plan_forgets_what_the_kernel_already_dropped():
     # session 1 went with its pppd; its tunnel is ours and empty: removed; tunnel 12 is gone
     assert [t for t, _ in p.remove_tunnels] == [10]
     assert any("tunnel 12" in f for f in p.forget) and any("session 10/1" in f for f in p.forget)
+
+
+def test_plan_removes_a_session_in_our_tunnel_that_no_record_names():
+    """A crash between session create and the state write (the failpoints
+    session-created, channel-connected before pppd holds the socket, and
+    rules-applied) leaves a kernel session in a tunnel whose socket a live
+    pppd keeps open: the restart removes it, and adopts the recorded one."""
+    state = State(tunnels=[rec(10, 20, 40000, [(1, 2, 100)])])
+    p = statefile.plan(state, [ktun(10, 20, 40000), ktun(30, 31, 1701)],
+                       [ksess(10, 1), ksess(10, 7), ksess(30, 7)], lambda *k: True)
+    assert [(t.tunnel_id, [s.call_id for s in t.sessions]) for t in p.adopt] == [(10, [1])]
+    # session 30/7 is in a tunnel that is not ours: untouched
+    assert [(t, s) for t, s, _ in p.remove_sessions] == [(10, 7)]
+    assert "interrupted offload" in p.remove_sessions[0][2] and p.remove_tunnels == []

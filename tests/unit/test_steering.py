@@ -83,3 +83,65 @@ def test_libnftables_binding_checks_like_the_nft_program():
         assert "no-such-chain" in str(e) or "No such file" in str(e), e
     else:
         raise AssertionError("a rule in a missing chain was accepted")
+
+
+def test_update_deletes_by_handle_and_adds_only_what_differs():
+    from pipexctl.offload.steering import rules, update
+
+    have = rules([A, B])
+    handles = {k: 10 + i for i, k in enumerate(have)}
+    want = rules([B, C])
+    doc, new = update(handles, want)
+    cmds = doc["nftables"][1:]
+    deleted = sorted(c["delete"]["rule"]["handle"] for c in cmds if "delete" in c)
+    assert deleted == sorted(handles[k] for k in have if k not in want)
+    assert [c["add"]["rule"] for c in cmds if "add" in c] == [want[k]["add"]["rule"] for k in new]
+    assert set(new) == set(want) - set(have)
+    assert update(handles, have)[0]["nftables"][1:] == []
+
+
+class EchoNft:
+    """Hands out handles like nft and refuses a handle it does not hold."""
+
+    def __init__(self):
+        self.rules, self.next, self.docs = {}, 1, []
+
+    def apply(self, doc):
+        raise AssertionError("Steering must use apply_echo when it exists")
+
+    def apply_echo(self, doc):
+        from pipexctl import errors
+
+        self.docs.append(doc)
+        added = []
+        staged = dict(self.rules)
+        for c in doc["nftables"][1:]:
+            if "flush" in c:
+                staged = {}
+            elif "delete" in c:
+                if c["delete"]["rule"]["handle"] not in staged:
+                    raise errors.KernelError("No such file or directory")
+                del staged[c["delete"]["rule"]["handle"]]
+            elif "rule" in c.get("add", {}):
+                staged[self.next] = c["add"]["rule"]
+                added.append(self.next)
+                self.next += 1
+        self.rules = staged  # one transaction: all or nothing
+        return added
+
+
+def test_steering_updates_incrementally_and_rewrites_after_a_failure():
+    from pipexctl.offload.steering import Steering, rules
+
+    nft = EchoNft()
+    st = Steering(nft)
+    st.apply([A])
+    st.apply([A, B])
+    st.apply([B])
+    assert (st.rewrites, st.updates) == (1, 2)
+    assert sorted(r["comment"] for r in nft.rules.values()) == sorted(r["add"]["rule"]["comment"]
+                                                                    for r in rules([B]).values())
+    nft.rules.clear()  # flushed behind our back: the next delete misses its handle
+    st.apply([C])
+    assert st.rewrites == 2 and len(nft.rules) == len(rules([C]))
+    assert "flush" in json.dumps(nft.docs[-1])

@@ -27,9 +27,12 @@ bench: setup
 	$(PY) bench/run.py
 
 # 1,000 connect/disconnect cycles of offloaded calls in one guest boot, then
-# the leak count (not part of `make test`, which runs 18 cycles).
+# the leak count (not part of `make test`, which runs 18 cycles, LNS hang-ups
+# included).  Long runs leave the LNS hang-up out: a redial after it can hit
+# xl2tpd 1.3.18's own control-sequence bug (docs/testing.md).
+CHURN_ARGS ?= --cycles 1000 --kinds lac-disconnect,pppd-kill
 churn: setup
-	$(PY) -m pipexctl.testing.vm --timeout 5400 --keep-results bench/results/churn -- $(PY) -m pipexctl.testing.churn --cycles 1000
+	$(PY) -m pipexctl.testing.vm --timeout 5400 --keep-results bench/results/churn -- $(PY) -m pipexctl.testing.churn $(CHURN_ARGS)
 
 clean:
 	rm -rf .venv build .pytest_cache

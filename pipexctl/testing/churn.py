@@ -48,8 +48,12 @@ def _quiet(inst_objects: dict) -> bool:
     return all(v == 0 for k, v in inst_objects.items() if k != "tunnels")
 
 
-def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=None) -> dict:
+def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=None,
+          max_seconds: float | None = None) -> dict:
     """Run at least ``cycles`` call cycles; return the counts (see module doc).
+
+    ``max_seconds``: start no new round after that long (the report then
+    says ``"stopped_early"`` and still counts what is left at the end).
 
     Raises AssertionError (with every log's tail) on the first round that
     does not come up or does not clean up."""
@@ -69,7 +73,13 @@ def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=N
         report["objects_at_start"] = {i.name: kernel_objects(i.ns) for i in insts}
         offsets = {lac.name: lac.log.stat().st_size for lac in lab.lacs}
         established = 0
+        report["stopped_early"] = False
+        t_start = time.monotonic()
         for r in range(rounds):
+            if max_seconds is not None and time.monotonic() - t_start > max_seconds:
+                report["stopped_early"] = True
+                progress(f"time budget of {max_seconds:.0f} s spent: stopping after {report['cycles']} cycles")
+                break
             kind = kinds[r % len(kinds)]
             t0 = time.monotonic()
             for section in lab.section_names():
@@ -148,10 +158,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles", type=int, default=1000)
     ap.add_argument("--lacs", type=int, default=2)
     ap.add_argument("--sections", type=int, default=5)
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="start no new round after this long; the leak count still runs")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help=f"comma-separated round kinds, cycled in this order (default: {','.join(KINDS)})")
     ap.add_argument("--json", metavar="FILE", help="default: churn.json in $PIPEXCTL_RESULTS (the guest's results)")
     a = ap.parse_args(argv)
+    kinds = tuple(k for k in a.kinds.split(",") if k)
+    if not kinds or set(kinds) - set(KINDS):
+        ap.error(f"--kinds: choose from {', '.join(KINDS)}")
     t0 = time.monotonic()
-    rep = churn(a.cycles, a.lacs, a.sections, progress=lambda m: print(f"churn: {m}", flush=True))
+    rep = churn(a.cycles, a.lacs, a.sections, kinds, progress=lambda m: print(f"churn: {m}", flush=True),
+                max_seconds=a.max_seconds)
     rep["seconds"] = round(time.monotonic() - t0, 1)
     text = json.dumps(rep, indent=2)
     out = a.json or (os.path.join(os.environ["PIPEXCTL_RESULTS"], "churn.json")
@@ -161,7 +179,7 @@ def main(argv=None) -> int:
             f.write(text + "\n")
     print(text)
     ok = rep["leaked"] == {"objects": 0, "fds": 0}
-    print(f"churn: {rep['cycles']} cycles, leaked objects {rep['leaked']['objects']}, fds {rep['leaked']['fds']}: "
+    print(f"churn: {rep['cycles']} cycles{' (stopped early: time budget)' if rep['stopped_early'] else ''}, leaked objects {rep['leaked']['objects']}, fds {rep['leaked']['fds']}: "
           f"{'ok' if ok else 'LEAK'}")
     return 0 if ok else 1
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pipexctl.offload import pppopts
 
 ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "ansible" / "roles" / "pipexctl_lns"
 ANSIBLE = ROOT / "ansible"
 
 
@@ -111,3 +112,16 @@ def test_a_damaged_block_is_refused_not_guessed(damage):
     for want in (None, pppopts.block()):
         with pytest.raises(ValueError, match="damaged"):
             pppopts.apply(text, want)
+
+
+def test_the_roles_packages_are_debian_packages_installed_here():
+    """The role's apt task installs these (the live role test skips that task:
+    apt is Ansible's, and it cost ~48 s per run under TCG).  scripts/setup.sh
+    installs the same packages on this Debian 12 host, so dpkg knows each
+    name; a misspelt or renamed package fails here."""
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    pkgs = defaults["pipexctl_packages"]
+    r = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Status}\\n", *pkgs], capture_output=True, text=True)
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert r.returncode == 0 and set(got) == set(pkgs), r.stderr
+    assert all(v == "install ok installed" for v in got.values()), got

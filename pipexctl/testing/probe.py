@@ -37,10 +37,15 @@ def ip_json(ns: str | None, *args: str, tries: int = 20) -> list:
     raise ProbeError(f"{' '.join(cmd)}: {last} {tries} times in a row")
 
 
+def ppp_peer_addrs(ns: str) -> dict[str, str]:
+    """{pppN: its peer's IPv4 address} for the PPP links in ``ns`` with IPCP done."""
+    return {i["ifname"]: a.get("address") for i in ip_json(ns, "addr", "show") if i["ifname"].startswith("ppp")
+            for a in i.get("addr_info", []) if a.get("family") == "inet"}
+
+
 def ppp_inet_links(ns: str) -> list[str]:
     """Names of the PPP links in ``ns`` that carry an IPv4 address (IPCP done)."""
-    return [i["ifname"] for i in ip_json(ns, "addr", "show")
-            if i["ifname"].startswith("ppp") and any(a.get("family") == "inet" for a in i.get("addr_info", []))]
+    return list(ppp_peer_addrs(ns))
 
 
 def wait_until(pred, what: str, timeout: float = 60, detail=lambda: "", interval: float = 0.1) -> None:

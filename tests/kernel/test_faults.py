@@ -13,7 +13,7 @@ import pytest
 
 from pipexctl.offload.server import FAILPOINTS
 from pipexctl.testing.lab import Lab, kernel_objects, plugin_options
-from pipexctl.testing.probe import ppp_inet_links, wait_until
+from pipexctl.testing.probe import ppp_inet_links, ppp_peer_addrs, wait_until
 
 from .conftest import ip_l2tp
 
@@ -38,11 +38,7 @@ def offloaded(n: int) -> dict:
 
 
 def ping_all(src_ns: str, ns_with_peers: str) -> None:
-    from pipexctl.testing.probe import ip_json
-
-    peers = [a["address"] for i in ip_json(ns_with_peers, "addr", "show") if i["ifname"].startswith("ppp")
-             for a in i.get("addr_info", []) if a.get("family") == "inet"]
-    for addr in peers:
+    for addr in ppp_peer_addrs(ns_with_peers).values():
         r = subprocess.run(["ip", "netns", "exec", src_ns, "ping", "-c", "3", "-i", "0.2", "-W", "3", addr],
                            capture_output=True, text=True)
         assert r.returncode == 0, f"ping {addr}: {r.stdout}"

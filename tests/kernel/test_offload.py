@@ -21,7 +21,7 @@ import pytest
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.offload.client import ask
 from pipexctl.testing.lab import Lab, iperf_received
-from pipexctl.testing.probe import ip_json
+from pipexctl.testing.probe import ip_json, ppp_peer_addrs
 
 from .conftest import ip_l2tp, wait_until
 
@@ -394,11 +394,7 @@ def test_hellos_pass_and_a_vanished_peer_is_removed_at_hello_timeout(lab):
         assert "Maximum retries exceeded" in inst.log.read_text()
 
 
-def ppp_addrs(ns):
-    """{pppN: its peer's address} for the PPP links with IPCP done."""
-    out = ip_json(ns, "addr", "show")
-    return {i["ifname"]: a.get("address") for i in out if i["ifname"].startswith("ppp")
-            for a in i.get("addr_info", []) if a.get("family") == "inet"}
+ppp_addrs = ppp_peer_addrs
 
 
 def test_twenty_concurrent_calls_from_four_lacs_all_offloaded():

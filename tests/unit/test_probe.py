@@ -42,3 +42,13 @@ def test_wait_until_names_what_it_waited_for():
     with pytest.raises(AssertionError, match="waiting for the moon; detail"):
         probe.wait_until(lambda: False, "the moon", timeout=0.2, detail=lambda: "; detail")
     probe.wait_until(lambda: True, "nothing", timeout=0.2)
+
+
+def test_ppp_peer_addrs_and_links_read_only_ppp_links_with_ipv4(monkeypatch):
+    dump = [{"ifname": "lo", "addr_info": [{"family": "inet", "address": "127.0.0.1"}]},
+            {"ifname": "ppp0", "addr_info": [{"family": "inet", "local": "10.99.100.1", "address": "10.99.100.2"}]},
+            {"ifname": "ppp1", "addr_info": [{"family": "inet6", "address": "fe80::1"}]},
+            {"ifname": "ppp2", "addr_info": []}]
+    monkeypatch.setattr(probe, "ip_json", lambda ns, *a: dump)
+    assert probe.ppp_peer_addrs("ns") == {"ppp0": "10.99.100.2"}
+    assert probe.ppp_inet_links("ns") == ["ppp0"]

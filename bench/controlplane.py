@@ -104,8 +104,13 @@ def ip_run(where: list[tuple[int, int]]) -> dict:
 
 def rss_child(n: int) -> int:
     """Run in a fresh process: a serve daemon's objects with n offloaded calls; prints VmRSS (KiB)."""
+    import importlib
     import tempfile
 
+    # the modules a `pipexctl serve` process has loaded (not prometheus_client:
+    # --metrics is optional), so that the RSS is the daemon's
+    for m in ("pipexctl.cli", "pipexctl.offload.steering", "pipexctl.kernel.netlink"):
+        importlib.import_module(m)
     from pipexctl.discovery.discovery import Discovery
     from pipexctl.kernel.backend import NullBackend
     from pipexctl.offload.server import OffloadServer, TunnelState
@@ -130,6 +135,7 @@ def rss_child(n: int) -> int:
             lines.append(f"xl2tpd[100]: Call established with {peer}, PID: {100000 + cid}, Local: {cid}, "
                          f"Remote: {cid}, Serial: {cid}")
     log.write_text("\n".join(lines) + "\n")
+    del lines  # the bench's, not the daemon's
     disc = Discovery([str(log)], proc=False, kernel=False)
     disc.refresh(control=False)
     srv = OffloadServer(os.path.join(d, "s.sock"), disc, NullBackend(), NoNft(), state_path=os.path.join(d, "st"))

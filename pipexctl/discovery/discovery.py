@@ -123,8 +123,8 @@ class Snapshot:
 
     def as_dict(self) -> dict:
         return {
-            "tunnels": [t.model_dump(mode="json") for t in self.tunnels],
-            "calls": [c.model_dump(mode="json", exclude={"pppd_argv"}) for c in self.calls],
+            "tunnels": [t.dump() for t in self.tunnels],
+            "calls": [c.dump(exclude={"pppd_argv"}) for c in self.calls],
             "stats": self.stats,
         }
 
@@ -220,7 +220,7 @@ class Discovery:
                                          call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",
                                          sources=["control"])
                             ins.calls[cid] = c
-                            ev.append(CallUp(call=c.model_copy(deep=True)))
+                            ev.append(CallUp(call=c.copy()))
                         else:
                             ev += self.tracker._update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                                             section=section)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -219,7 +220,9 @@ def _p(prefix: str, regex: str):
 
 
 def _addr(text: str) -> str:
-    return str(ipaddress.ip_address(text))
+    # interned: every call of a tunnel names the same peer (one string, not
+    # one per tracked call)
+    return sys.intern(str(ipaddress.ip_address(text)))
 
 
 def _id(text: str, what: str, top: int = 0xFFFF) -> int:

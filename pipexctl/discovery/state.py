@@ -10,10 +10,12 @@ emitted once: an object goes up once and down once.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
+from pydantic.dataclasses import dataclass
 
 from . import logparse as lp
 
@@ -21,7 +23,14 @@ DataPath = Literal["kernel", "userspace", "unknown"]
 Role = Literal["lac", "lns", "unknown"]
 
 
-class CallInfo(BaseModel):
+# The tracker's per-call and per-tunnel records are slotted, validated
+# dataclasses, not BaseModels: a BaseModel instance carries a __dict__ and a
+# fields-set set, about 1.4 KiB for a call against 0.3 KiB here, and a
+# daemon tracks one per call (bench: serve RSS at 10,000 calls).
+
+
+@dataclass(slots=True, kw_only=True)
+class CallInfo:
     instance: str
     role: Role = "unknown"
     section: Optional[str] = None
@@ -41,8 +50,19 @@ class CallInfo(BaseModel):
     def key(self) -> tuple:
         return (self.instance, self.call_id)
 
+    def copy(self, **update) -> "CallInfo":
+        """A deep copy (events carry snapshots), with *update* applied."""
+        c = copy.deepcopy(self)
+        for k, v in update.items():
+            setattr(c, k, v)
+        return c
 
-class TunnelInfo(BaseModel):
+    def dump(self, **kw) -> dict:
+        return _CALL.dump_python(self, mode="json", **kw)
+
+
+@dataclass(slots=True, kw_only=True)
+class TunnelInfo:
     instance: str
     role: Role = "unknown"
     section: Optional[str] = None
@@ -55,6 +75,16 @@ class TunnelInfo(BaseModel):
 
     def key(self) -> tuple:
         return (self.instance, self.tunnel_id)
+
+    def copy(self) -> "TunnelInfo":
+        return copy.deepcopy(self)
+
+    def dump(self, **kw) -> dict:
+        return _TUNNEL.dump_python(self, mode="json", **kw)
+
+
+_CALL = TypeAdapter(CallInfo)
+_TUNNEL = TypeAdapter(TunnelInfo)
 
 
 class _Event(BaseModel):
@@ -169,7 +199,7 @@ class Tracker:
                     have.sources.append(s)
             return []
         ins.tunnels[t.tunnel_id] = t
-        return [TunnelUp(tunnel=t.model_copy(deep=True))]
+        return [TunnelUp(tunnel=t.copy())]
 
     def _tunnel_down(self, ins: Instance, tid: int, reason: str) -> list[Event]:
         t = ins.tunnels.pop(tid, None)
@@ -205,7 +235,7 @@ class Tracker:
             if v is not None and getattr(c, k) in (None, "unknown") and getattr(c, k) != v:
                 setattr(c, k, v)
                 changed.append(k)
-        return [CallUpdated(call=c.model_copy(deep=True), fields=changed)] if changed else []
+        return [CallUpdated(call=c.copy(), fields=changed)] if changed else []
 
     def _lac_call_tunnel(self, ins: Instance, peer: str, serial: int) -> Optional[int]:
         """The tunnel of an outgoing call from its serial number (see Instance.calling).
@@ -325,7 +355,7 @@ class Tracker:
             ins.calls[c.call_id] = c
             if role == "lac":
                 ins.last_lac_call = c.call_id
-            return ev + [CallUp(call=c.model_copy(deep=True))]
+            return ev + [CallUp(call=c.copy())]
         if isinstance(rec, lp.StatusTunnel):
             ins.status_tunnel = rec.tunnel_id
             return self._tunnel_up(ins, TunnelInfo(
@@ -345,7 +375,7 @@ class Tracker:
                          peer_call_id=rec.peer_call_id, serial=rec.serial,
                          data_path="kernel" if ins.kernel_mode else "unknown", sources=[source + ":status"])
             ins.calls[c.call_id] = c
-            return [CallUp(call=c.model_copy(deep=True))]
+            return [CallUp(call=c.copy())]
         if isinstance(rec, lp.TunnelClosed):
             tid = rec.tunnel_id
             if tid is None and rec.peer_tunnel_id is not None:
@@ -382,5 +412,5 @@ class Tracker:
         old = c.data_path
         c.data_path = path
         if old == "unknown":
-            return [CallUpdated(call=c.model_copy(deep=True), fields=["data_path"])]
-        return [DataPathChanged(call=c.model_copy(deep=True), old=old, new=path)]
+            return [CallUpdated(call=c.copy(), fields=["data_path"])]
+        return [DataPathChanged(call=c.copy(), old=old, new=path)]

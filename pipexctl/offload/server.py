@@ -597,7 +597,7 @@ class OffloadServer:
                 self.pending += self.d.observe_process(pid)
                 mine = next((c for c in self.d.tracker.calls() if c.pppd_pid == pid), None)
                 if mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id):
-                    return mine.model_copy(), ""
+                    return mine.copy(), ""
                 if mine is not None and time.monotonic() - asked > 0.5:
                     # known but not its tunnel: an LNS log names only the peer's
                     # address, ambiguous with several tunnels from one peer;

@@ -26,17 +26,24 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Literal, Optional
 
 from pydantic import BaseModel, Field, ValidationError
+from pydantic.dataclasses import dataclass as pdataclass
 
 from ..model import Session, Tunnel
 
 VERSION = 1
 
 
-class SessionRecord(BaseModel):
+# Records are slotted, validated dataclasses (one per offloaded call is
+# held in memory; see discovery.state.CallInfo); the file's envelope is a
+# BaseModel.
+
+
+@pdataclass(slots=True, kw_only=True)
+class SessionRecord:
     call_id: int = Field(ge=1, le=65535)
     peer_call_id: int = Field(ge=0, le=65535)
     pppd_pid: int = Field(ge=1)
@@ -44,7 +51,8 @@ class SessionRecord(BaseModel):
     pty: Optional[str] = Field(None, pattern=r"^/dev/pts/[0-9]{1,7}$")  # the slave end the daemon holds
 
 
-class TunnelRecord(BaseModel):
+@pdataclass(slots=True, kw_only=True)
+class TunnelRecord:
     instance: str
     tunnel_id: int = Field(ge=1, le=65535)
     peer_tunnel_id: int = Field(ge=0, le=65535)
@@ -160,7 +168,7 @@ def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterab
             if tid == rec.tunnel_id and sid not in recorded:
                 p.remove_sessions.append((tid, sid, "in our tunnel but not recorded (an interrupted offload)"))
         if kept:
-            p.adopt.append(rec.model_copy(update={"sessions": kept}))
+            p.adopt.append(replace(rec, sessions=kept))
         else:
             p.remove_tunnels.append((rec.tunnel_id, "no live call left"))
     return p

@@ -40,7 +40,7 @@ TABLE = "pipexctl"
 FAMILY = "ip"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Steer:
     local: str
     peer: str

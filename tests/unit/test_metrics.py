@@ -182,7 +182,7 @@ def test_a_reused_session_id_is_offloaded_and_the_old_calls_late_end_spares_it(s
 
     offload(srv, call(1))
     srv.channels.pop().close()  # the first pppd exits: the kernel drops its session
-    new = call(1).model_copy(update={"pppd_pid": 4343, "peer_call_id": 77})
+    new = call(1).copy(pppd_pid=4343, peer_call_id=77)
     ch, meta = srv.offload(new, 4343)
     srv.channels.append(ch)
     assert meta["peer_session_id"] == 77 and srv.backend.session_get(100, 1).peer_session_id == 77
@@ -198,7 +198,7 @@ def test_a_reused_tunnel_id_replaces_the_dead_tunnel_and_its_late_end_spares_the
 
     offload(srv, call(1))
     old_sock = srv.tunnels[("xl2tpd", 100)].sock
-    new = call(5).model_copy(update={"peer_tunnel_id": 300, "pppd_pid": 4343})
+    new = call(5).copy(peer_tunnel_id=300, pppd_pid=4343)
     ch, meta = srv.offload(new, 4343)
     srv.channels.append(ch)
     ts = srv.tunnels[("xl2tpd", 100)]

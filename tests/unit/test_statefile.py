@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -48,7 +49,7 @@ def test_corrupt_or_invalid_files_are_moved_aside_never_trusted(tmp_path):
         "binary": b"\xff\xfe\x00garbage",
         "wrong-version": json.dumps({"version": 9, "tunnels": []}).encode(),
         "out-of-range": json.dumps({"version": 1, "tunnels": [
-            {**rec().model_dump(), "tunnel_id": 70000}]}).encode(),
+            {**dataclasses.asdict(rec()), "tunnel_id": 70000}]}).encode(),
         "wrong-type": b"[1, 2, 3]",
     }
     for name, data in bad.items():

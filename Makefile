@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-kernel bench churn clean
+.PHONY: setup demo test test-unit test-kernel bench bench-profile churn clean
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +25,11 @@ test-kernel: setup
 bench: setup
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/run.py
+
+# A kernel profile (perf, cpu-clock) of one iperf3 run of cases (c) and (d):
+# where the CPU per Mbit/s goes.  Needs linux-perf; writes bench/results/profile/.
+bench-profile: setup
+	$(PY) -m pipexctl.testing.vm --timeout 1800 --keep-results bench/results/profile -- $(PY) bench/profile_dp.py
 
 # 1,000 connect/disconnect cycles of offloaded calls in one guest boot, then
 # the leak count (not part of `make test`, which runs 18 cycles, LNS hang-ups

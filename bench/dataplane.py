@@ -58,9 +58,10 @@ def call_latency(lab: Lab, lac, cycles: int) -> dict:
     return {inst.name: lab.serve_status(inst)["channel_latency_ms"] for inst in (lab.lns, lac)}
 
 
-def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
-    kernel = case == "c-xl2tpd-kernel"
-    lab = Lab(kernel_mode=kernel).setup(1)
+def bring_up(case: str) -> tuple[Lab, object, str]:
+    """The lab of one case, its PPP link up (a-veth: no PPP): (lab, lac, address to measure to).
+    The caller tears the lab down (this does, if it fails)."""
+    lab = Lab(kernel_mode=case == "c-xl2tpd-kernel").setup(1)
     try:
         extra = plugin_options() if case == "d-pipexctl" else ""
         lab.write_configs(extra)
@@ -71,16 +72,29 @@ def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
         lab.start(lab.lns)
         lab.start(lac)
         if case == "a-veth":
-            addr = "10.99.1.1"
-        else:
-            if case == "d-pipexctl":
-                lab.serve(lab.lns)
-                lab.serve(lac)
-            lab.connect(lac)
-            if not (wait_ppp(lab.lns.ns) and wait_ppp(lac.ns)):
-                return {"error": "PPP did not come up"}
-            time.sleep(1)
-            addr = "10.99.100.1"
+            return lab, lac, "10.99.1.1"
+        if case == "d-pipexctl":
+            lab.serve(lab.lns)
+            lab.serve(lac)
+        lab.connect(lac)
+        if not (wait_ppp(lab.lns.ns) and wait_ppp(lac.ns)):
+            raise RuntimeError("PPP did not come up")
+        time.sleep(1)
+        return lab, lac, "10.99.100.1"
+    except BaseException:
+        if os.environ.get("PIPEXCTL_RESULTS"):
+            lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
+        lab.teardown()
+        raise
+
+
+def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
+    lab = None
+    try:
+        try:
+            lab, lac, addr = bring_up(case)
+        except RuntimeError as e:
+            return {"error": str(e)}
         def cpu(procs):
             tot = 0
             for pr in procs:
@@ -110,9 +124,10 @@ def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
             res["channel_latency_ms"] = call_latency(lab, lac, cycles)
         return res
     finally:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
-        lab.teardown()
+        if lab is not None:
+            if os.environ.get("PIPEXCTL_RESULTS"):
+                lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
+            lab.teardown()
 
 
 def main() -> int:

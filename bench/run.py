@@ -51,10 +51,15 @@ def table(res: dict) -> str:
 def cp_table(cp: dict) -> str:
     out = ["", "Control plane, library (one netlink socket reused) vs one `ip l2tp` process per operation, "
            "Ethernet sessions (the only kind Debian 12's iproute2 makes), one tunnel:", "",
-           "| sessions | library us/op | ip l2tp us/op | speed-up |", "|---|---|---|---|"]
+           "| sessions | library us/op | ip l2tp us/op | speed-up | library create / delete ms per session "
+           "| ip l2tp create / delete ms per session |", "|---|---|---|---|---|---|"]
+
+    def split(x: dict) -> str:
+        return f"{x['create_s'] / x['sessions'] * 1e3:.1f} / {x['delete_s'] / x['sessions'] * 1e3:.1f}"
+
     for r in cp.get("eth_vs_ip", []):
         out.append(f"| {r['lib']['sessions']:,} | {r['lib']['per_op_us']:.0f} | {r['ip']['per_op_us']:.0f} | "
-                   f"{r['speedup']:.1f}x |")
+                   f"{r['speedup']:.1f}x | {split(r['lib'])} | {split(r['ip'])} |")
     out += ["", "Library alone, PPP sessions (what the offload makes), create + delete:", "",
             "| placement | sessions | us/op | sessions/s (create+delete) |", "|---|---|---|---|"]
     for where, label in (("one_tunnel", "1 tunnel"), ("many_tunnels", "1,000 tunnels")):
@@ -64,9 +69,18 @@ def cp_table(cp: dict) -> str:
     one = {r["lib"]["sessions"]: r["lib"]["per_op_us"] for r in cp.get("one_tunnel", [])}
     if 100 in one and 10000 in one:
         out.append(f"\n- library per-op cost at 10,000 / at 100 sessions (target <= 1.5): {one[10000] / one[100]:.2f}")
+    one_lib = {r["lib"]["sessions"]: r["lib"] for r in cp.get("one_tunnel", [])}
+    exp = cp.get("rcu_expedited", {}).get("lib")
+    if exp and exp["sessions"] in one_lib:
+        base = one_lib[exp["sessions"]]
+        out.append(f"- the kernel's share: PPP sessions in 1 tunnel, {exp['sessions']:,}, create / delete ms per session: "
+                   f"{split(base)} as the kernel ships, {split(exp)} with /sys/kernel/rcu_expedited=1 "
+                   "(Linux 6.1 waits one RCU grace period per session delete, under the genetlink mutex)")
     sp = [r["speedup"] for r in cp.get("eth_vs_ip", []) if r["lib"]["sessions"] == 1000]
     if sp:
         out.append(f"- library vs ip l2tp at 1,000 sessions (target >= 20): {sp[0]:.1f}x")
+    if cp.get("phase_seconds"):
+        out.append("- control-plane phases, seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in cp["phase_seconds"].items()))
     rss = cp.get("serve_rss", [])
     if rss:
         out.append("- pipexctl serve RSS (target < 60 MiB at 10,000): "

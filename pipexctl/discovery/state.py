@@ -11,6 +11,7 @@ emitted once: an object goes up once and down once.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from typing import Literal, Optional, Union
 
@@ -58,7 +59,7 @@ class CallInfo:
         return c
 
     def dump(self, **kw) -> dict:
-        return _CALL.dump_python(self, mode="json", **kw)
+        return _adapter(CallInfo).dump_python(self, mode="json", **kw)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -80,11 +81,12 @@ class TunnelInfo:
         return copy.deepcopy(self)
 
     def dump(self, **kw) -> dict:
-        return _TUNNEL.dump_python(self, mode="json", **kw)
+        return _adapter(TunnelInfo).dump_python(self, mode="json", **kw)
 
 
-_CALL = TypeAdapter(CallInfo)
-_TUNNEL = TypeAdapter(TunnelInfo)
+@functools.cache
+def _adapter(cls) -> TypeAdapter:
+    return TypeAdapter(cls)  # built on first use: a schema build costs import time
 
 
 class _Event(BaseModel):

@@ -40,6 +40,12 @@ def test_readme_commands_are_make_targets():
     assert "make demo" in readme and "make test" in readme
     assert "\ndemo:" in makefile and "\ntest:" in makefile
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+    import re
+
+    named = set(re.findall(r"`make ([a-z][a-z-]*)", readme))
+    assert {"demo", "test", "bench", "bench-profile", "churn"} <= named
+    for target in named:
+        assert f"\n{target}:" in makefile, f"README names `make {target}`, which the Makefile lacks"
 
 
 def _gen_man():

@@ -164,6 +164,8 @@ class ControlClient:
                     raise ControlError(f"cannot open {self.pipe}: {e.strerror}") from None
                 try:
                     os.write(wfd, f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
+                except BlockingIOError:
+                    raise ControlError(f"{self.pipe} is full: xl2tpd is not reading its control pipe") from None
                 finally:
                     os.close(wfd)
                 return parse_reply(self._read_all(rfd))
@@ -183,7 +185,13 @@ class ControlClient:
             r, _, _ = select.select([fd], [], [], min(left, 0.05))
             if not r:
                 continue
-            chunk = os.read(fd, 65536)
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                # select saw no writer (EOF), then xl2tpd opened the FIFO and
+                # has not written yet: wait for its data (seen under load:
+                # EAGAIN failed an offload request)
+                continue
             if chunk:
                 data += chunk
                 opened = True

@@ -508,7 +508,13 @@ class OffloadServer:
             else:  # parse_request lets only known ops through
                 raise AssertionError(op)
         except OSError as e:
-            log.warning("request failed: %s", e)
+            # unexpected (the offload itself rolls back and replies): say so
+            # to the client, with the traceback in the log
+            log.warning("request failed: %s", e, exc_info=True)
+            try:
+                self._reply(conn, {"ok": False, "error": f"request failed: {e}"})
+            except OSError:
+                pass
         finally:
             for fd in fds:
                 os.close(fd)

@@ -149,6 +149,53 @@ def test_control_client_protocol(tmp_path):
     assert st == [] and seen["req"].startswith("@") and seen["req"].endswith(" y default\n")
 
 
+def test_control_client_waits_when_xl2tpd_opened_the_reply_fifo_but_has_not_written(tmp_path, monkeypatch):
+    """select() can report the reply FIFO readable (no writer yet: EOF) just
+    before xl2tpd opens it; the read then finds a writer and no data and
+    fails with EAGAIN.  Seen in the guest under load: it failed an offload
+    request.  select() is made to always say "ready" so the window is hit
+    every time."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(ctl.select, "select", lambda r, w, x, t: (r, [], []))
+
+    def server():
+        with open(fifo, "rb") as f:
+            path = f.read().decode()[1:].split(" ")[0]
+        fd = os.open(path, os.O_WRONLY)  # opened, nothing written yet
+        import time
+
+        time.sleep(0.3)
+        os.write(fd, b"00 OK\n00 STATUS tunnels.count=0\n")
+        os.close(fd)
+
+    th = threading.Thread(target=server, daemon=True)
+    th.start()
+    import time
+
+    time.sleep(0.1)
+    assert ctl.ControlClient(str(fifo), timeout=3).status_lns("default") == []
+    th.join(3)
+
+
+def test_control_client_full_pipe_is_a_clear_error(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # xl2tpd holds it open and does not read
+    wfd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        try:
+            while True:
+                os.write(wfd, b"x" * 4096)
+        except BlockingIOError:
+            pass
+        with pytest.raises(ctl.ControlError, match="is full"):
+            ctl.ControlClient(str(fifo), timeout=0.5).available()
+    finally:
+        os.close(wfd)
+        os.close(rfd)
+
+
 def test_logfile_follows_rotation_and_truncation(tmp_path):
     p = tmp_path / "x.log"
     p.write_text("a\nb\npart")

@@ -154,25 +154,42 @@ class ControlClient:
             # open the reply FIFO first (non-blocking), so xl2tpd's open never blocks
             rfd = os.open(reply, os.O_RDONLY | os.O_NONBLOCK)
             try:
-                try:
-                    wfd = os.open(self.pipe, os.O_WRONLY | os.O_NONBLOCK)
-                except FileNotFoundError:
-                    raise ControlError(f"xl2tpd control pipe {self.pipe} does not exist (is xl2tpd running?)") from None
-                except OSError as e:
-                    if e.errno == errno.ENXIO:
-                        raise ControlError(f"nobody reads {self.pipe}: xl2tpd is not running") from None
-                    raise ControlError(f"cannot open {self.pipe}: {e.strerror}") from None
-                try:
-                    os.write(wfd, f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
-                except BlockingIOError:
-                    raise ControlError(f"{self.pipe} is full: xl2tpd is not reading its control pipe") from None
-                finally:
-                    os.close(wfd)
+                self._send(f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
                 return parse_reply(self._read_all(rfd))
             finally:
                 os.close(rfd)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _send(self, line: bytes) -> None:
+        """Write one request line.  xl2tpd closes and reopens its end of the
+        FIFO after each writer has gone, so a write can find no reader
+        (EPIPE) for a moment: open and write again, within the timeout."""
+        end = time.monotonic() + self.timeout
+        no_reader_end = time.monotonic() + min(self.timeout, 0.5)  # not running: say so soon
+        while True:
+            try:
+                wfd = os.open(self.pipe, os.O_WRONLY | os.O_NONBLOCK)
+            except FileNotFoundError:
+                raise ControlError(f"xl2tpd control pipe {self.pipe} does not exist (is xl2tpd running?)") from None
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise ControlError(f"cannot open {self.pipe}: {e.strerror}") from None
+                if time.monotonic() >= no_reader_end:
+                    raise ControlError(f"nobody reads {self.pipe}: xl2tpd is not running") from None
+                time.sleep(0.02)  # between xl2tpd's close and reopen, or not running
+                continue
+            try:
+                os.write(wfd, line)
+                return
+            except BlockingIOError:
+                raise ControlError(f"{self.pipe} is full: xl2tpd is not reading its control pipe") from None
+            except BrokenPipeError:
+                if time.monotonic() >= end:
+                    raise ControlError(f"{self.pipe}: xl2tpd closed its control pipe") from None
+                time.sleep(0.02)
+            finally:
+                os.close(wfd)
 
     def _read_all(self, fd: int) -> str:
         end = time.monotonic() + self.timeout

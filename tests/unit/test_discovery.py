@@ -178,6 +178,37 @@ def test_control_client_waits_when_xl2tpd_opened_the_reply_fifo_but_has_not_writ
     th.join(3)
 
 
+def test_control_client_writes_again_when_xl2tpd_reopens_its_pipe(tmp_path, monkeypatch):
+    """xl2tpd closes and reopens its end of the FIFO after each writer: a
+    write in between fails with EPIPE (the churn's harness hit it after 280
+    cycles).  The first write is made to fail so; the request is sent again."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    real_write, calls = os.write, []
+
+    def write(fd, data):
+        calls.append(data)
+        if len(calls) == 1:
+            raise BrokenPipeError(32, "Broken pipe")
+        return real_write(fd, data)
+
+    def server():
+        with open(fifo, "rb") as f:
+            path = f.read().decode()[1:].split(" ")[0]
+        with open(path, "w") as r:
+            r.write("00 OK\n00 STATUS tunnels.count=0\n")
+
+    th = threading.Thread(target=server, daemon=True)
+    th.start()
+    import time
+
+    time.sleep(0.1)
+    monkeypatch.setattr(ctl.os, "write", write)
+    assert ctl.ControlClient(str(fifo), timeout=3).status_lns("default") == []
+    th.join(3)
+    assert len(calls) == 2 and calls[0] == calls[1]
+
+
 def test_control_client_full_pipe_is_a_clear_error(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

@@ -82,19 +82,23 @@ def bring_up(case: str) -> tuple[Lab, object, str]:
         time.sleep(1)
         return lab, lac, "10.99.100.1"
     except BaseException:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
-        lab.teardown()
+        finish(lab)
         raise
 
 
+def finish(lab: Lab) -> None:
+    """Keep the lab's logs in the guest's results (when there are any) and tear it down."""
+    if os.environ.get("PIPEXCTL_RESULTS"):
+        lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
+    lab.teardown()
+
+
 def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
-    lab = None
     try:
-        try:
-            lab, lac, addr = bring_up(case)
-        except RuntimeError as e:
-            return {"error": str(e)}
+        lab, lac, addr = bring_up(case)
+    except RuntimeError as e:
+        return {"error": str(e)}
+    try:
         def cpu(procs):
             tot = 0
             for pr in procs:
@@ -124,10 +128,7 @@ def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
             res["channel_latency_ms"] = call_latency(lab, lac, cycles)
         return res
     finally:
-        if lab is not None:
-            if os.environ.get("PIPEXCTL_RESULTS"):
-                lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
-            lab.teardown()
+        finish(lab)
 
 
 def main() -> int:

@@ -140,6 +140,44 @@ def parse_status_lns(reply: Reply) -> list[StatusTunnel]:
     return [tunnels[k] for k in sorted(tunnels)]
 
 
+def write_request(pipe: str, line: bytes, timeout: float, no_reader: float) -> int:
+    """Open xl2tpd's control FIFO (non-blocking), write one request line and
+    return the still-open fd (the caller closes it).
+
+    xl2tpd closes and reopens its end of the FIFO after each writer has
+    gone, so for a moment an open finds no reader (ENXIO) or a write finds
+    none (EPIPE): open and write again, ENXIO for ``no_reader`` seconds
+    (then xl2tpd is taken as not running), EPIPE within ``timeout``."""
+    end = time.monotonic() + timeout
+    no_reader_end = time.monotonic() + no_reader
+    while True:
+        try:
+            wfd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise ControlError(f"xl2tpd control pipe {pipe} does not exist (is xl2tpd running?)") from None
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise ControlError(f"cannot open {pipe}: {e.strerror}") from None
+            if time.monotonic() >= no_reader_end:
+                raise ControlError(f"nobody reads {pipe}: xl2tpd is not running") from None
+            time.sleep(0.02)  # between xl2tpd's close and reopen, or not running
+            continue
+        written = False
+        try:
+            os.write(wfd, line)
+            written = True
+            return wfd
+        except BlockingIOError:
+            raise ControlError(f"{pipe} is full: xl2tpd is not reading its control pipe") from None
+        except BrokenPipeError:
+            if time.monotonic() >= end:
+                raise ControlError(f"{pipe}: xl2tpd closed its control pipe") from None
+            time.sleep(0.02)
+        finally:
+            if not written:
+                os.close(wfd)
+
+
 class ControlClient:
     def __init__(self, pipe: str = DEFAULT_PIPE, timeout: float = 2.0) -> None:
         self.pipe, self.timeout = pipe, timeout
@@ -162,34 +200,7 @@ class ControlClient:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _send(self, line: bytes) -> None:
-        """Write one request line.  xl2tpd closes and reopens its end of the
-        FIFO after each writer has gone, so a write can find no reader
-        (EPIPE) for a moment: open and write again, within the timeout."""
-        end = time.monotonic() + self.timeout
-        no_reader_end = time.monotonic() + min(self.timeout, 0.5)  # not running: say so soon
-        while True:
-            try:
-                wfd = os.open(self.pipe, os.O_WRONLY | os.O_NONBLOCK)
-            except FileNotFoundError:
-                raise ControlError(f"xl2tpd control pipe {self.pipe} does not exist (is xl2tpd running?)") from None
-            except OSError as e:
-                if e.errno != errno.ENXIO:
-                    raise ControlError(f"cannot open {self.pipe}: {e.strerror}") from None
-                if time.monotonic() >= no_reader_end:
-                    raise ControlError(f"nobody reads {self.pipe}: xl2tpd is not running") from None
-                time.sleep(0.02)  # between xl2tpd's close and reopen, or not running
-                continue
-            try:
-                os.write(wfd, line)
-                return
-            except BlockingIOError:
-                raise ControlError(f"{self.pipe} is full: xl2tpd is not reading its control pipe") from None
-            except BrokenPipeError:
-                if time.monotonic() >= end:
-                    raise ControlError(f"{self.pipe}: xl2tpd closed its control pipe") from None
-                time.sleep(0.02)
-            finally:
-                os.close(wfd)
+        os.close(write_request(self.pipe, line, self.timeout, min(self.timeout, 0.5)))  # not running: say so soon
 
     def _read_all(self, fd: int) -> str:
         end = time.monotonic() + self.timeout

@@ -9,7 +9,6 @@ root in a kernel with L2TP/PPP (the guest).
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
@@ -211,29 +210,18 @@ pppoptfile = {lac.dir}/options
         import struct
         import termios
 
+        from ..discovery.control import write_request
+
         end = time.monotonic() + timeout
-        while True:
-            try:
-                fd = os.open(inst.control, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as e:  # ENXIO: xl2tpd has not opened its end yet (just started, or reopening)
-                if e.errno != errno.ENXIO or time.monotonic() > end:
-                    raise
-                time.sleep(0.05)
-                continue
-            try:
-                os.write(fd, (line + "\n").encode())
-                while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]:
-                    if time.monotonic() > end:
-                        raise TimeoutError(f"{inst.name}: xl2tpd did not read {line!r} from its control pipe")
-                    time.sleep(0.02)
-                return
-            except BrokenPipeError:
-                # xl2tpd closes and reopens its end after each writer: write again
+        # xl2tpd just started may not have opened its end yet: wait for it the whole timeout
+        fd = write_request(inst.control, (line + "\n").encode(), timeout, timeout)
+        try:
+            while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]:
                 if time.monotonic() > end:
-                    raise
-                time.sleep(0.05)
-            finally:
-                os.close(fd)
+                    raise TimeoutError(f"{inst.name}: xl2tpd did not read {line!r} from its control pipe")
+                time.sleep(0.02)
+        finally:
+            os.close(fd)
 
     def connect(self, lac: Instance, timeout: float = 30, section: str = "lns") -> None:
         """Bring up one call from ``lac`` and wait for xl2tpd to establish it."""

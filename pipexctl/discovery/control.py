@@ -147,7 +147,8 @@ def write_request(pipe: str, line: bytes, timeout: float, no_reader: float) -> i
     xl2tpd closes and reopens its end of the FIFO after each writer has
     gone, so for a moment an open finds no reader (ENXIO) or a write finds
     none (EPIPE): open and write again, ENXIO for ``no_reader`` seconds
-    (then xl2tpd is taken as not running), EPIPE within ``timeout``."""
+    (then xl2tpd is taken as not running; counted afresh after an EPIPE,
+    since xl2tpd was reading just before), EPIPE within ``timeout``."""
     end = time.monotonic() + timeout
     no_reader_end = time.monotonic() + no_reader
     while True:
@@ -172,6 +173,8 @@ def write_request(pipe: str, line: bytes, timeout: float, no_reader: float) -> i
         except BrokenPipeError:
             if time.monotonic() >= end:
                 raise ControlError(f"{pipe}: xl2tpd closed its control pipe") from None
+            # a reader was there a moment ago: give its reopen the full ENXIO allowance again
+            no_reader_end = time.monotonic() + no_reader
             time.sleep(0.02)
         finally:
             if not written:

@@ -220,7 +220,7 @@ class Discovery:
                                          call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",
                                          sources=["control"])
                             ins.calls[cid] = c
-                            ev.append(CallUp(call=c.copy()))
+                            ev += self.tracker._ev(lambda: CallUp(call=c.copy()))
                         else:
                             ev += self.tracker._update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                                             section=section)
@@ -319,17 +319,24 @@ class Discovery:
             ev += self._reconcile_proc(scanned) + self._reconcile_kernel()
         return ev
 
-    def refresh(self, control: bool = True) -> list[Event]:
-        ev = self._read_logs()
-        ev += self._read_logs()  # at the end of every log: flushes a trailing pppd argv
-        if control:
-            ev += self._reconcile_control()
-        ev += self._reconcile_proc()
-        ev += self._reconcile_kernel()
+    def refresh(self, control: bool = True, events: bool = True) -> list[Event]:
+        """Read every source once.  ``events=False``: bring the model up to
+        date without building the events (returns []), for a caller that
+        would drop them (a daemon's start: no snapshot per known call)."""
+        self.tracker.quiet = not events
+        try:
+            ev = self._read_logs()
+            ev += self._read_logs()  # at the end of every log: flushes a trailing pppd argv
+            if control:
+                ev += self._reconcile_control()
+            ev += self._reconcile_proc()
+            ev += self._reconcile_kernel()
+        finally:
+            self.tracker.quiet = False
         return ev
 
     def snapshot(self) -> Snapshot:
-        self.refresh()
+        self.refresh(events=False)
         now = time.time()
         return Snapshot(
             tunnels=sorted(self.tracker.tunnels(), key=lambda t: (t.instance, t.tunnel_id)),

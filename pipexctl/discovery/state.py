@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
-from typing import Literal, Optional, Union
+from typing import Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
@@ -176,6 +176,11 @@ class Tracker:
     def __init__(self) -> None:
         self.instances: dict[str, Instance] = {}
         self.bad_lines = 0
+        # True while nobody will read the events (Discovery.refresh(events=False)):
+        # the model is updated the same, but no event or snapshot copy is made.
+        # A daemon starting on logs with 10,000 calls would otherwise build
+        # 10,000 CallUp snapshots only to drop them (its memory peak).
+        self.quiet = False
 
     def inst(self, name: str) -> Instance:
         if name not in self.instances:
@@ -190,6 +195,9 @@ class Tracker:
         return [c for i in self.instances.values() for c in i.calls.values()]
 
     # ---- helpers
+    def _ev(self, make: Callable[[], Event]) -> list[Event]:
+        return [] if self.quiet else [make()]
+
     def _tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
         have = ins.tunnels.get(t.tunnel_id)
         if have is not None:
@@ -201,7 +209,7 @@ class Tracker:
                     have.sources.append(s)
             return []
         ins.tunnels[t.tunnel_id] = t
-        return [TunnelUp(tunnel=t.copy())]
+        return self._ev(lambda: TunnelUp(tunnel=t.copy()))
 
     def _tunnel_down(self, ins: Instance, tid: int, reason: str) -> list[Event]:
         t = ins.tunnels.pop(tid, None)
@@ -210,7 +218,7 @@ class Tracker:
         ev: list[Event] = []
         for cid in [c.call_id for c in ins.calls.values() if c.tunnel_id == tid]:
             ev += self._call_down(ins, cid, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
-        ev.append(TunnelDown(tunnel=t, reason=reason))
+        ev += self._ev(lambda: TunnelDown(tunnel=t, reason=reason))
         ins.calling = [e for e in ins.calling if e[1] != tid]  # its calls will never be established
         return ev
 
@@ -220,7 +228,7 @@ class Tracker:
             return []
         if ins.last_lac_call == cid:
             ins.last_lac_call = None
-        return [CallDown(call=c, reason=reason)]
+        return self._ev(lambda: CallDown(call=c, reason=reason))
 
     def _all_down(self, ins: Instance, reason: str) -> list[Event]:
         ins.calling, ins.serial_anchor = [], None  # a new xl2tpd numbers its calls afresh
@@ -237,7 +245,7 @@ class Tracker:
             if v is not None and getattr(c, k) in (None, "unknown") and getattr(c, k) != v:
                 setattr(c, k, v)
                 changed.append(k)
-        return [CallUpdated(call=c.copy(), fields=changed)] if changed else []
+        return self._ev(lambda: CallUpdated(call=c.copy(), fields=changed)) if changed else []
 
     def _lac_call_tunnel(self, ins: Instance, peer: str, serial: int) -> Optional[int]:
         """The tunnel of an outgoing call from its serial number (see Instance.calling).
@@ -357,7 +365,7 @@ class Tracker:
             ins.calls[c.call_id] = c
             if role == "lac":
                 ins.last_lac_call = c.call_id
-            return ev + [CallUp(call=c.copy())]
+            return ev + self._ev(lambda: CallUp(call=c.copy()))
         if isinstance(rec, lp.StatusTunnel):
             ins.status_tunnel = rec.tunnel_id
             return self._tunnel_up(ins, TunnelInfo(
@@ -377,7 +385,7 @@ class Tracker:
                          peer_call_id=rec.peer_call_id, serial=rec.serial,
                          data_path="kernel" if ins.kernel_mode else "unknown", sources=[source + ":status"])
             ins.calls[c.call_id] = c
-            return [CallUp(call=c.copy())]
+            return self._ev(lambda: CallUp(call=c.copy()))
         if isinstance(rec, lp.TunnelClosed):
             tid = rec.tunnel_id
             if tid is None and rec.peer_tunnel_id is not None:
@@ -414,5 +422,5 @@ class Tracker:
         old = c.data_path
         c.data_path = path
         if old == "unknown":
-            return [CallUpdated(call=c.copy(), fields=["data_path"])]
-        return [DataPathChanged(call=c.copy(), old=old, new=path)]
+            return self._ev(lambda: CallUpdated(call=c.copy(), fields=["data_path"]))
+        return self._ev(lambda: DataPathChanged(call=c.copy(), old=old, new=path))

@@ -270,7 +270,7 @@ class OffloadServer:
         with self.lock:
             self._warm_up()
             with self.dlock:
-                self.d.refresh()
+                self.d.refresh(events=False)  # the state is reconciled as a whole just below
             self.reconcile_state()
         srv = self._listen()
         watcher = threading.Thread(target=self._watch, name="discovery", daemon=True)
@@ -595,11 +595,15 @@ class OffloadServer:
 
         The LNS logs the pppd PID; the LAC's comes from that one pppd's /proc
         entry (its argv against the one xl2tpd logged for the call).  The
-        watcher thread reads the logs for every waiter at once."""
+        request reads the lines logged since the last read itself (xl2tpd
+        has written "Call established" by the time its pppd asks, as a rule),
+        instead of waiting up to a watcher period for them; when the line is
+        not there yet, the watcher's next poll wakes it."""
         end = time.monotonic() + self.wait
         with self.dlock:
             asked = 0.0
             while True:
+                self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
                 self.pending += self.d.observe_process(pid)
                 mine = next((c for c in self.d.tracker.calls() if c.pppd_pid == pid), None)
                 if mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id):

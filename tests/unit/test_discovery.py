@@ -178,35 +178,77 @@ def test_control_client_waits_when_xl2tpd_opened_the_reply_fifo_but_has_not_writ
     th.join(3)
 
 
-def test_control_client_writes_again_when_xl2tpd_reopens_its_pipe(tmp_path, monkeypatch):
-    """xl2tpd closes and reopens its end of the FIFO after each writer: a
-    write in between fails with EPIPE (the churn's harness hit it after 280
-    cycles).  The first write is made to fail so; the request is sent again."""
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    real_write, calls = os.write, []
+class ReopeningXl2tpd:
+    """A stand-in for xl2tpd's control FIFO reader that closes its end while
+    a client is about to write, as xl2tpd does between two writers, so the
+    client's write meets a real EPIPE; it reopens ``reopen_at`` seconds
+    after ``began`` and answers the request it then reads."""
 
-    def write(fd, data):
-        calls.append(data)
-        if len(calls) == 1:
-            raise BrokenPipeError(32, "Broken pipe")
-        return real_write(fd, data)
+    def __init__(self, fifo, reopen_at: float) -> None:
+        import time
 
-    def server():
-        with open(fifo, "rb") as f:
-            path = f.read().decode()[1:].split(" ")[0]
+        self.fifo, self.reopen_at, self.began = fifo, reopen_at, time.monotonic()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        import time
+
+        os.close(os.open(self.fifo, os.O_RDONLY))  # returns once the client opened to write: close at once
+        self.closed.set()
+        time.sleep(max(0.0, self.began + self.reopen_at - time.monotonic()))
+        with open(self.fifo, "rb") as f:
+            data = f.read()
+        path = data.decode()[1:].split(" ")[0]
         with open(path, "w") as r:
             r.write("00 OK\n00 STATUS tunnels.count=0\n")
 
-    th = threading.Thread(target=server, daemon=True)
-    th.start()
-    import time
+    def patch_write(self, monkeypatch, first_at: float = 0.0) -> list:
+        """The client's first write waits until the reader has gone (and
+        until ``first_at``), then writes for real: EPIPE."""
+        import time
 
-    time.sleep(0.1)
-    monkeypatch.setattr(ctl.os, "write", write)
+        real_write, calls = os.write, []
+
+        def write(fd, data):
+            calls.append(data)
+            if len(calls) == 1:
+                assert self.closed.wait(3)
+                time.sleep(max(0.0, self.began + first_at - time.monotonic()))
+            return real_write(fd, data)
+
+        monkeypatch.setattr(ctl.os, "write", write)
+        return calls
+
+
+def test_control_client_writes_again_when_xl2tpd_reopens_its_pipe(tmp_path, monkeypatch):
+    """xl2tpd closes and reopens its end of the FIFO after each writer: a
+    write in between fails with EPIPE (the churn's harness hit it after 280
+    cycles).  The request is sent again once xl2tpd reads again."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    x = ReopeningXl2tpd(fifo, reopen_at=0.1)
+    calls = x.patch_write(monkeypatch)
+    x.thread.start()
     assert ctl.ControlClient(str(fifo), timeout=3).status_lns("default") == []
-    th.join(3)
+    x.thread.join(3)
+    assert not x.thread.is_alive()
     assert len(calls) == 2 and calls[0] == calls[1]
+
+
+def test_control_client_allows_xl2tpd_a_slow_reopen_after_a_broken_pipe(tmp_path, monkeypatch):
+    """The "not running" allowance for ENXIO (0.5 s) counts afresh after an
+    EPIPE: xl2tpd was reading a moment before.  Here the write fails 0.45 s
+    in and xl2tpd reopens 0.6 s in, past the first allowance: without the
+    fresh count the request fails as "not running"."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    x = ReopeningXl2tpd(fifo, reopen_at=0.6)
+    calls = x.patch_write(monkeypatch, first_at=0.45)
+    x.thread.start()
+    assert ctl.ControlClient(str(fifo), timeout=3).status_lns("default") == []
+    x.thread.join(3)
+    assert len(calls) == 2
 
 
 def test_control_client_full_pipe_is_a_clear_error(tmp_path):
@@ -258,6 +300,30 @@ def test_discovery_snapshot_from_logs(tmp_path):
     assert [(c["tunnel_id"], c["call_id"], c["pppd_pid"], c["data_path"]) for c in snap["calls"]] == [
         (39027, 54544, 239, "kernel"), (55248, 63662, 237, "kernel")]
     assert snap["stats"]["malformed"] == 0 and snap["stats"]["lines"] == cut
+
+
+@pytest.mark.parametrize("name", ["lns-userspace.log", "lns-kernel.log", "lac1-userspace.log", "lac2-kernel.log"])
+def test_refresh_without_events_builds_the_same_model(tmp_path, name):
+    """refresh(events=False) (a daemon's start) makes no events, and leaves
+    the tracker exactly as a refresh whose events are read; the next refresh
+    makes events again."""
+    lines = (DATA / name).read_text().splitlines()
+    part = tmp_path / "part.log"
+    part.write_text("\n".join(lines[: len(lines) * 2 // 3]) + "\n")
+    loud, quiet = (Discovery([str(part)], proc=False, kernel=False) for _ in range(2))
+    try:
+        made = loud.refresh(control=False)
+        assert made, "the recorded log makes events: the comparison below means something"
+        assert quiet.refresh(control=False, events=False) == []
+        for kind in ("calls", "tunnels"):  # `since` is the clock's when the log has no time stamps
+            assert [x.dump(exclude={"since"}) for x in getattr(quiet.tracker, kind)()] == \
+                [x.dump(exclude={"since"}) for x in getattr(loud.tracker, kind)()]
+        with part.open("a") as f:
+            f.write("\n".join(lines[len(lines) * 2 // 3:]) + "\n")
+        assert [brief(e) for e in quiet.refresh(control=False)] == [brief(e) for e in loud.refresh(control=False)]
+    finally:
+        loud.close()
+        quiet.close()
 
 
 def test_lac_argv_at_the_end_of_the_log_is_used(tmp_path):

@@ -15,6 +15,14 @@ still shows the daemons' share.
 ``pipexctl serve`` daemons running and N times with them stopped
 (SIGSTOP, alternating): the daemons' own share of (d)'s cost.
 
+``--steer-rules N``: case (c) only, iperf3 N times without and N times with
+an nft table in both namespaces that does to (c)'s L2TP packets what
+pipexctl's steering rules do to (d)'s (the same matches on addresses,
+ports, header bits and ids; a port rewrite, checksum cleared, notrack) but
+leaves them going where they went (the port is rewritten to the one it
+had), alternating: the price of the steering rules alone, without the
+rest of (d).
+
 Needs linux-perf for the default mode (Debian's /usr/bin/perf; not
 installed by ``make setup``).
 
@@ -94,6 +102,58 @@ def paused_daemons(seconds: int, runs: int, out: Path) -> str:
         lab.teardown()
 
 
+def equal_rules(local: str, peer: str, tid: int, sid: int) -> str:
+    """An nft table doing (d)'s per-packet steering work (see
+    pipexctl.offload.steering) to (c)'s packets, without changing where they go."""
+    ids = f"0x{tid:04x}{sid:04x}"
+    m = f"ip saddr {peer} ip daddr {local} udp sport 1701 udp dport 1701 @th,64,8 & 0x80 == 0x0"
+    return (f"table ip pxequal {{\n chain pre {{\n  type filter hook prerouting priority raw; policy accept;\n"
+            f"  {m} @th,64,8 & 0x40 == 0x0 @th,80,32 {ids} counter udp dport set 1701 udp checksum set 0 notrack\n"
+            f"  {m} @th,64,8 & 0x40 == 0x40 @th,96,32 {ids} counter udp dport set 1701 udp checksum set 0 notrack\n"
+            f" }}\n chain out {{\n  type filter hook output priority raw; policy accept;\n"
+            f"  ip saddr {local} ip daddr {peer} udp sport 1701 udp dport 1701 counter udp sport set 1701 "
+            f"udp checksum set 0 notrack\n }}\n}}\n")
+
+
+def steer_rules(seconds: int, runs: int, out: Path) -> str:
+    """Case (c) without and with equal_rules() in both namespaces, alternating."""
+    import re
+
+    lab, lac, addr = bring_up("c-xl2tpd-kernel")
+    try:
+        ends = []
+        for ns, local, peer in ((lab.lns.ns, "10.99.1.1", "10.99.1.2"), (lac.ns, "10.99.1.2", "10.99.1.1")):
+            m = re.search(r"Session (\d+) in tunnel (\d+)", sh("ip", "-n", ns, "l2tp", "show", "session"))
+            if not m:
+                raise RuntimeError(f"no kernel session in {ns}")
+            ends.append((ns, equal_rules(local, peer, int(m.group(2)), int(m.group(1)))))
+        bare, ruled = [], []
+        counters = ""
+        for _ in range(runs):
+            bare.append(iperf(lab.lns.ns, lac.ns, addr, seconds))
+            for ns, rules in ends:
+                r = subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, capture_output=True,
+                                   text=True)
+                if r.returncode:
+                    raise RuntimeError(f"nft in {ns}: {r.stderr.strip()}")
+            try:
+                ruled.append(iperf(lab.lns.ns, lac.ns, addr, seconds))
+                counters = "\n".join(sh("ip", "netns", "exec", ns, "nft", "list", "table", "ip", "pxequal")
+                                     for ns, _ in ends)
+            finally:
+                for ns, _ in ends:
+                    sh("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "pxequal")
+        text = (f"case c-xl2tpd-kernel, iperf3 {seconds} s forward, alternating: as is "
+                f"{', '.join(f'{x:.1f}' for x in bare)} (median {statistics.median(bare):.1f}) Mbit/s; "
+                f"with (d)'s steering work in nft {', '.join(f'{x:.1f}' for x in ruled)} "
+                f"(median {statistics.median(ruled):.1f}) Mbit/s")
+        (out / "steer-rules.txt").write_text(text + "\n--- the rules and their counters after the last run\n"
+                                              + counters + "\n")
+        return text
+    finally:
+        lab.teardown()
+
+
 def _strip(report: str) -> str:
     return "\n".join(ln for ln in report.splitlines() if ln.strip() and not ln.startswith("#"))
 
@@ -104,8 +164,13 @@ def main() -> int:
     p.add_argument("--seconds", type=int, default=10)
     p.add_argument("--paused-daemons", type=int, default=0, metavar="RUNS",
                    help="only measure (d) with its daemons running and stopped, alternating, RUNS times each")
+    p.add_argument("--steer-rules", type=int, default=0, metavar="RUNS",
+                   help="only measure (c) without and with (d)'s steering work in nft, alternating, RUNS times each")
     a = p.parse_args()
     out = Path(os.environ.get("PIPEXCTL_RESULTS", "."))
+    if a.steer_rules:
+        print(steer_rules(a.seconds, a.steer_rules, out), flush=True)
+        return 0
     if a.paused_daemons:
         print(paused_daemons(a.seconds, a.paused_daemons, out), flush=True)
         return 0

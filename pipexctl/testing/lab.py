@@ -9,6 +9,7 @@ root in a kernel with L2TP/PPP (the guest).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -419,21 +420,58 @@ def iperf(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int 
 
 def iperf_received(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1,
                    reverse: bool = False) -> dict:
-    """iperf3's ``end.sum_received`` (bytes, bits_per_second, ...) of one TCP run."""
-    import json
+    """iperf3's ``end.sum_received`` (bytes, bits_per_second, ...) of one TCP run, with its own server."""
+    with iperf_server(server_ns, addr):
+        return iperf_client(client_ns, addr, seconds, streams, reverse)
 
-    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", addr],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+IPERF_PORT = 5201
+
+
+@contextlib.contextmanager
+def iperf_server(ns: str, addr: str, timeout: float = 10):
+    """One iperf3 server in ``ns`` on ``addr`` for any number of client runs
+    (iperf3 serves them one after another); stopped on exit.  Returns once
+    the server listens, instead of sleeping a fixed time."""
+    srv = subprocess.Popen(["ip", "netns", "exec", ns, "iperf3", "-s", "-B", addr, "-p", str(IPERF_PORT)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
-        args = ["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-t", str(seconds), "-P", str(streams), "-J"]
-        if reverse:
-            args.append("-R")
-        out = subprocess.run(args, capture_output=True, text=True).stdout
-        return json.loads(out)["end"]["sum_received"]
+        end = time.monotonic() + timeout
+        while True:
+            out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-Hltn", "src", f"{addr}:{IPERF_PORT}"],
+                                 capture_output=True, text=True).stdout
+            if "LISTEN" in out:
+                break
+            if srv.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"iperf3 server on {addr} in {ns} did not start: {srv.stderr.read()[-300:]}"
+                                   if srv.poll() is not None else f"iperf3 server on {addr} in {ns}: not listening "
+                                   f"after {timeout:g} s")
+            time.sleep(0.1)
+        yield srv
     finally:
+        srv.terminate()
         try:
-            srv.wait(30)
+            srv.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             srv.kill()
+            srv.communicate()
+
+
+def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1, reverse: bool = False) -> dict:
+    """One iperf3 TCP run from ``client_ns`` to a server on ``addr`` (see iperf_server):
+    iperf3's ``end.sum_received``.  A failed run raises RuntimeError with iperf3's own error."""
+    import json
+
+    args = ["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-p", str(IPERF_PORT), "-t", str(seconds),
+            "-P", str(streams), "-J"]
+    if reverse:
+        args.append("-R")
+    r = subprocess.run(args, capture_output=True, text=True)
+    try:
+        doc = json.loads(r.stdout)
+    except ValueError:
+        raise RuntimeError(f"iperf3 -c {addr}: no JSON (status {r.returncode}): {r.stderr.strip()[-300:]}") from None
+    if "error" in doc or "sum_received" not in doc.get("end", {}):
+        raise RuntimeError(f"iperf3 -c {addr}: {doc.get('error', 'no end.sum_received in its report')}")
+    return doc["end"]["sum_received"]
 

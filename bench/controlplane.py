@@ -193,6 +193,43 @@ def rss_child(n: int) -> int:
     return 0
 
 
+def profile_lib(n: int, rcu: str) -> int:
+    """Where a library create + delete spends its time: Python (message
+    building, parsing) or waiting in recv() for the kernel's answer."""
+    import cProfile
+    import io
+    import pstats
+
+    subprocess.run(["modprobe", "-a", "l2tp_netlink", "l2tp_ppp"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    subprocess.run(["ip", "netns", "add", NS], check=True)
+    try:
+        with netns.enter(NS), rcu_expedited("1" if rcu == "expedited" else "0"):
+            nl = L2tpNetlink()
+            one = tunnels(nl, 1)
+            prof = cProfile.Profile()
+            prof.enable()
+            r = lib_run(nl, placement(n, one))
+            prof.disable()
+            nl.tunnel_delete(one[0])
+            nl.close()
+    finally:
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    out = io.StringIO()
+    st = pstats.Stats(prof, stream=out)
+    st.sort_stats("tottime").print_stats(15)
+    total = sum(v[2] for v in st.stats.values())  # own time of every function
+    # built-ins (file "~") that hand over to the kernel or wait for it: the
+    # socket calls and the event loop's poll (pyroute2 0.9 runs an asyncio core)
+    waits = sum(v[2] for k, v in st.stats.items()
+                if k[0] == "~" and any(w in k[2] for w in ("recv", "send", "poll", "select")))
+    print(f"{n} PPP sessions created + deleted, rcu {rcu}: {r['per_op_us']:.0f} us/op under cProfile; "
+          f"own time in socket send/recv (the kernel's share, incl. its waits) {waits:.2f} s of {total:.2f} s "
+          f"({100 * waits / total:.0f} %)")
+    print(out.getvalue())
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="100,1000,10000")
@@ -204,9 +241,14 @@ def main() -> int:
                         "measured at 1,000 sessions beside them) or as the kernel ships them for every phase")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "controlplane.json"))
     p.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="only: cProfile of the library creating and deleting N PPP sessions in one tunnel "
+                        "(grace periods as --rcu says), the top functions by own time to stdout")
     a = p.parse_args()
     if a.rss_child is not None:
         return rss_child(a.rss_child)
+    if a.profile:
+        return profile_lib(a.profile, a.rcu)
     sizes = [int(x) for x in a.sizes.split(",")]
     subprocess.run(["modprobe", "-a", "l2tp_netlink", "l2tp_ppp"], capture_output=True)
     subprocess.run(["ip", "netns", "del", NS], capture_output=True)

@@ -203,6 +203,7 @@ def profile_lib(n: int, rcu: str) -> int:
     subprocess.run(["modprobe", "-a", "l2tp_netlink", "l2tp_ppp"], capture_output=True)
     subprocess.run(["ip", "netns", "del", NS], capture_output=True)
     subprocess.run(["ip", "netns", "add", NS], check=True)
+    subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
     try:
         with netns.enter(NS), rcu_expedited("1" if rcu == "expedited" else "0"):
             nl = L2tpNetlink()

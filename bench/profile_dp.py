@@ -123,10 +123,13 @@ def steer_rules(seconds: int, runs: int, out: Path) -> str:
     try:
         ends = []
         for ns, local, peer in ((lab.lns.ns, "10.99.1.1", "10.99.1.2"), (lac.ns, "10.99.1.2", "10.99.1.1")):
-            m = re.search(r"Session (\d+) in tunnel (\d+)", sh("ip", "-n", ns, "l2tp", "show", "session"))
-            if not m:
-                raise RuntimeError(f"no kernel session in {ns}")
-            ends.append((ns, equal_rules(local, peer, int(m.group(2)), int(m.group(1)))))
+            # xl2tpd's kernel mode also holds a session 0 (its tunnel's management socket): the call's is not 0
+            got = [(int(t), int(sid)) for sid, t in re.findall(r"Session (\d+) in tunnel (\d+)",
+                                                               sh("ip", "-n", ns, "l2tp", "show", "session"))
+                   if int(sid) != 0]
+            if len(got) != 1:
+                raise RuntimeError(f"{ns}: expected one call's kernel session, found {got}")
+            ends.append((ns, equal_rules(local, peer, *got[0])))
         bare, ruled = [], []
         counters = ""
         for _ in range(runs):
@@ -143,6 +146,10 @@ def steer_rules(seconds: int, runs: int, out: Path) -> str:
             finally:
                 for ns, _ in ends:
                     sh("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "pxequal")
+        # in each namespace the pre rule without the L bit and the out rule carry the data (the L-bit rule: none)
+        busy = [ln for ln in counters.splitlines() if "counter packets" in ln and "0x40 == 0x40" not in ln]
+        if len(busy) != 4 or any(" packets 0 " in ln for ln in busy):
+            raise RuntimeError("the equal rules did not match (c)'s data packets:\n" + counters)
         text = (f"case c-xl2tpd-kernel, iperf3 {seconds} s forward, alternating: as is "
                 f"{', '.join(f'{x:.1f}' for x in bare)} (median {statistics.median(bare):.1f}) Mbit/s; "
                 f"with (d)'s steering work in nft {', '.join(f'{x:.1f}' for x in ruled)} "

@@ -50,6 +50,21 @@ from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec  # n
 NS = "pxbenchcp"
 
 
+@contextlib.contextmanager
+def bench_netns():
+    """The L2TP modules loaded and a fresh namespace NS (loopback up) that this
+    thread and its children work in; deleted afterwards."""
+    subprocess.run(["modprobe", "-a", "l2tp_netlink", "l2tp_ppp"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    subprocess.run(["ip", "netns", "add", NS], check=True)
+    try:
+        subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
+        with netns.enter(NS):
+            yield
+    finally:
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+
+
 def tunnels(nl: L2tpNetlink, n: int) -> list[int]:
     ids = list(range(1, n + 1))
     for t in ids:
@@ -200,22 +215,15 @@ def profile_lib(n: int, rcu: str) -> int:
     import io
     import pstats
 
-    subprocess.run(["modprobe", "-a", "l2tp_netlink", "l2tp_ppp"], capture_output=True)
-    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
-    subprocess.run(["ip", "netns", "add", NS], check=True)
-    subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
-    try:
-        with netns.enter(NS), rcu_expedited("1" if rcu == "expedited" else "0"):
-            nl = L2tpNetlink()
-            one = tunnels(nl, 1)
-            prof = cProfile.Profile()
-            prof.enable()
-            r = lib_run(nl, placement(n, one))
-            prof.disable()
-            nl.tunnel_delete(one[0])
-            nl.close()
-    finally:
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    with bench_netns(), rcu_expedited("1" if rcu == "expedited" else "0"):
+        nl = L2tpNetlink()
+        one = tunnels(nl, 1)
+        prof = cProfile.Profile()
+        prof.enable()
+        r = lib_run(nl, placement(n, one))
+        prof.disable()
+        nl.tunnel_delete(one[0])
+        nl.close()
     out = io.StringIO()
     st = pstats.Stats(prof, stream=out)
     st.sort_stats("tottime").print_stats(15)
@@ -251,10 +259,6 @@ def main() -> int:
     if a.profile:
         return profile_lib(a.profile, a.rcu)
     sizes = [int(x) for x in a.sizes.split(",")]
-    subprocess.run(["modprobe", "-a", "l2tp_netlink", "l2tp_ppp"], capture_output=True)
-    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
-    subprocess.run(["ip", "netns", "add", NS], check=True)
-    subprocess.run(["ip", "-n", NS, "link", "set", "lo", "up"], check=True)
     res: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "eth_vs_ip": [], "one_tunnel": [],
                  "many_tunnels": [], "phase_seconds": {}}
     clock = [time.monotonic()]
@@ -264,43 +268,41 @@ def main() -> int:
         res["phase_seconds"][name] = round(now - clock[0], 1)
         clock[0] = now
 
-    try:
-        with netns.enter(NS), rcu_expedited("1" if a.rcu == "expedited" else "0") as before:
-            res["rcu_expedited"] = a.rcu == "expedited" and not before.startswith("error")
-            res["rcu_expedited_before"] = before
-            nl = L2tpNetlink()
-            one = tunnels(nl, 1)
-            for n in [x for x in sizes if x <= a.ip_max]:
-                r = {"lib": lib_run(nl, placement(n, one), pw=PwType.eth), "ip": ip_run(placement(n, one))}
-                r["speedup"] = r["ip"]["per_op_us"] / r["lib"]["per_op_us"]
-                res["eth_vs_ip"].append(r)
-                print("eth, one tunnel", n, {k: round(v["per_op_us"], 1) for k, v in r.items() if isinstance(v, dict)},
-                      flush=True)
-            phase("eth_vs_ip")
-            for n in sizes:
-                r = {"lib": lib_run(nl, placement(n, one), curve=(n == max(sizes)))}
-                res["one_tunnel"].append(r)
-                print("ppp, one tunnel", n, round(r["lib"]["per_op_us"], 1), flush=True)
-            phase("one_tunnel")
-            if res["rcu_expedited"]:
-                # the same 1,000 PPP sessions with the grace periods as the kernel ships them
-                with rcu_expedited(before):
-                    res["as_shipped"] = {"rcu_expedited": before, "lib": lib_run(nl, placement(1000, one))}
-                print("ppp, one tunnel, 1000, as shipped", round(res["as_shipped"]["lib"]["per_op_us"], 1), flush=True)
-                phase("as_shipped")
-            for t in one:
-                nl.tunnel_delete(t)
-            many = tunnels(nl, 1000)
-            for n in [x for x in sizes if x <= a.many_max]:
-                r = {"lib": lib_run(nl, placement(n, many))}
-                res["many_tunnels"].append(r)
-                print("ppp, 1000 tunnels", n, round(r["lib"]["per_op_us"], 1), flush=True)
-            for t in many:
-                nl.tunnel_delete(t)
-            nl.close()
-            phase("many_tunnels")
-    finally:
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+    with bench_netns(), rcu_expedited("1" if a.rcu == "expedited" else "0") as before:
+        clock[0] = time.monotonic()  # the phases start after the set-up
+        res["rcu_expedited"] = a.rcu == "expedited" and not before.startswith("error")
+        res["rcu_expedited_before"] = before
+        nl = L2tpNetlink()
+        one = tunnels(nl, 1)
+        for n in [x for x in sizes if x <= a.ip_max]:
+            r = {"lib": lib_run(nl, placement(n, one), pw=PwType.eth), "ip": ip_run(placement(n, one))}
+            r["speedup"] = r["ip"]["per_op_us"] / r["lib"]["per_op_us"]
+            res["eth_vs_ip"].append(r)
+            print("eth, one tunnel", n, {k: round(v["per_op_us"], 1) for k, v in r.items() if isinstance(v, dict)},
+                  flush=True)
+        phase("eth_vs_ip")
+        for n in sizes:
+            r = {"lib": lib_run(nl, placement(n, one), curve=(n == max(sizes)))}
+            res["one_tunnel"].append(r)
+            print("ppp, one tunnel", n, round(r["lib"]["per_op_us"], 1), flush=True)
+        phase("one_tunnel")
+        if res["rcu_expedited"]:
+            # the same 1,000 PPP sessions with the grace periods as the kernel ships them
+            with rcu_expedited(before):
+                res["as_shipped"] = {"rcu_expedited": before, "lib": lib_run(nl, placement(1000, one))}
+            print("ppp, one tunnel, 1000, as shipped", round(res["as_shipped"]["lib"]["per_op_us"], 1), flush=True)
+            phase("as_shipped")
+        for t in one:
+            nl.tunnel_delete(t)
+        many = tunnels(nl, 1000)
+        for n in [x for x in sizes if x <= a.many_max]:
+            r = {"lib": lib_run(nl, placement(n, many))}
+            res["many_tunnels"].append(r)
+            print("ppp, 1000 tunnels", n, round(r["lib"]["per_op_us"], 1), flush=True)
+        for t in many:
+            nl.tunnel_delete(t)
+        nl.close()
+        phase("many_tunnels")
     res["serve_rss"] = []
     # one fresh process per size, all at once (nothing here is timed)
     kids = {n: subprocess.Popen([sys.executable, __file__, "--rss-child", str(n)], stdout=subprocess.PIPE,

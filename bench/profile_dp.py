@@ -93,9 +93,8 @@ def paused_daemons(seconds: int, runs: int, out: Path) -> str:
             finally:
                 for p in lab.serves:
                     os.killpg(p.pid, signal.SIGCONT)
-        text = (f"case d-pipexctl, iperf3 {seconds} s forward, alternating: daemons running "
-                f"{', '.join(f'{x:.1f}' for x in live)} (median {statistics.median(live):.1f}) Mbit/s; "
-                f"daemons stopped {', '.join(f'{x:.1f}' for x in paused)} (median {statistics.median(paused):.1f}) Mbit/s")
+        text = (f"case d-pipexctl, iperf3 {seconds} s forward, alternating: daemons running {_series(live)} Mbit/s; "
+                f"daemons stopped {_series(paused)} Mbit/s")
         (out / "paused-daemons.txt").write_text(text + "\n")
         return text
     finally:
@@ -150,15 +149,18 @@ def steer_rules(seconds: int, runs: int, out: Path) -> str:
         busy = [ln for ln in counters.splitlines() if "counter packets" in ln and "0x40 == 0x40" not in ln]
         if len(busy) != 4 or any(" packets 0 " in ln for ln in busy):
             raise RuntimeError("the equal rules did not match (c)'s data packets:\n" + counters)
-        text = (f"case c-xl2tpd-kernel, iperf3 {seconds} s forward, alternating: as is "
-                f"{', '.join(f'{x:.1f}' for x in bare)} (median {statistics.median(bare):.1f}) Mbit/s; "
-                f"with (d)'s steering work in nft {', '.join(f'{x:.1f}' for x in ruled)} "
-                f"(median {statistics.median(ruled):.1f}) Mbit/s")
+        text = (f"case c-xl2tpd-kernel, iperf3 {seconds} s forward, alternating: as is {_series(bare)} Mbit/s; "
+                f"with (d)'s steering work in nft {_series(ruled)} Mbit/s")
         (out / "steer-rules.txt").write_text(text + "\n--- the rules and their counters after the last run\n"
                                               + counters + "\n")
         return text
     finally:
         lab.teardown()
+
+
+def _series(xs: list[float]) -> str:
+    """Each run and the median, as the alternating experiments report them."""
+    return f"{', '.join(f'{x:.1f}' for x in xs)} (median {statistics.median(xs):.1f})"
 
 
 def _strip(report: str) -> str:

@@ -442,10 +442,10 @@ def iperf_server(ns: str, addr: str, timeout: float = 10):
                                  capture_output=True, text=True).stdout
             if "LISTEN" in out:
                 break
-            if srv.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"iperf3 server on {addr} in {ns} did not start: {srv.stderr.read()[-300:]}"
-                                   if srv.poll() is not None else f"iperf3 server on {addr} in {ns}: not listening "
-                                   f"after {timeout:g} s")
+            if srv.poll() is not None:
+                raise RuntimeError(f"iperf3 server on {addr} in {ns} did not start: {srv.stderr.read()[-300:]}")
+            if time.monotonic() > end:
+                raise RuntimeError(f"iperf3 server on {addr} in {ns}: not listening after {timeout:g} s")
             time.sleep(0.1)
         yield srv
     finally:

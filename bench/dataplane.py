@@ -2,6 +2,14 @@
 (b) xl2tpd userspace mode (pty), (c) xl2tpd kernel mode (pppol2tp.so),
 (d) pipexctl offload of a userspace-mode xl2tpd, and (a) the bare veth.
 
+A case name may end in ``-stock`` (pppd's own defaults instead of the lab's
+``noccp novj ...``: compression left to negotiation) or ``-esp``
+(transport-mode ESP on UDP/1701 between LNS and LAC, static keys); those
+cases measure forward and reverse only.  ``--scale`` measures one call's
+throughput with N other sessions in its tunnel, or N other tunnels' sockets
+on the LNS's port 1701 (each connected to its own peer address), for (c)
+and (d).
+
 Every case in the same boot, side by side.  Not a test: it asserts nothing.
 
     python -m pipexctl.testing.vm -- .venv/bin/python bench/dataplane.py --runs 3 --seconds 10
@@ -10,6 +18,7 @@ Every case in the same boot, side by side.  Not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -20,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipexctl.testing.lab import Lab, iperf_client, iperf_server, plugin_options, wait_ppp  # noqa: E402
+from pipexctl.testing.ipsec import esp, wire_counter, wire_counts  # noqa: E402
+from pipexctl.testing.lab import PPP_OPTS_COMMON, PPP_OPTS_STOCK, Lab, iperf_client, iperf_server, plugin_options, wait_ppp  # noqa: E402,E501
 
 
 def sh(*c: str) -> str:
@@ -61,19 +71,24 @@ def call_latency(lab: Lab, lac, cycles: int) -> dict:
 def bring_up(case: str) -> tuple[Lab, object, str]:
     """The lab of one case, its PPP link up (a-veth: no PPP): (lab, lac, address to measure to).
     The caller tears the lab down (this does, if it fails)."""
-    lab = Lab(kernel_mode=case == "c-xl2tpd-kernel").setup(1)
+    base = base_case(case)
+    lab = Lab(kernel_mode=base == "c-xl2tpd-kernel",
+              ppp_opts=PPP_OPTS_STOCK if case.endswith("-stock") else PPP_OPTS_COMMON).setup(1)
     try:
-        extra = plugin_options() if case == "d-pipexctl" else ""
+        extra = plugin_options() if base == "d-pipexctl" else ""
         lab.write_configs(extra)
         lac = lab.lacs[0]
         for ns, dev in ((lab.lns.ns, "l1"), (lac.ns, "v0")):
             sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off")
-            sh("ip", "-n", ns, "link", "set", dev, "mtu", "1400") if case == "a-veth" else None
+            sh("ip", "-n", ns, "link", "set", dev, "mtu", "1400") if base == "a-veth" else None
+        if case.endswith("-esp"):
+            esp(lab.lns.ns, "10.99.1.1", lac.ns, "10.99.1.2")
+            wire_counter(lab.lns.ns, "l1")
         lab.start(lab.lns)
         lab.start(lac)
-        if case == "a-veth":
+        if base == "a-veth":
             return lab, lac, "10.99.1.1"
-        if case == "d-pipexctl":
+        if base == "d-pipexctl":
             lab.serve(lab.lns)
             lab.serve(lac)
         lab.connect(lac)
@@ -91,6 +106,10 @@ def finish(lab: Lab) -> None:
     if os.environ.get("PIPEXCTL_RESULTS"):
         lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
     lab.teardown()
+
+
+def base_case(case: str) -> str:
+    return case.removesuffix("-stock").removesuffix("-esp")
 
 
 def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
@@ -112,13 +131,20 @@ def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
         def mbit(**kw) -> float:
             return iperf_client(lac.ns, addr, seconds, **kw)["bits_per_second"] / 1e6
 
+        variant = base_case(case) != case
         with iperf_server(lab.lns.ns, addr):  # one server for the case's runs
             c0 = cpu(lab.serves)
             g0, t0 = guest_busy(), time.monotonic()
             fwd = [mbit() for _ in range(runs)]
             busy = (guest_busy() - g0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)  # CPUs busy
             rev = [mbit(reverse=True) for _ in range(runs)]
-            fwd4 = [mbit(streams=4) for _ in range(runs)]
+            fwd4 = [] if variant else [mbit(streams=4) for _ in range(runs)]
+        if variant:
+            res = {"forward": fwd, "reverse": rev, "guest_cpu_busy_percent": busy * 100,
+                   "pppd_log": sh("grep", "-h", "compression", str(lab.lns.dir / "pppd.log"))[-600:]}
+            if case.endswith("-esp"):
+                res["wire_lns"] = wire_counts(lab.lns.ns)
+            return res
         res = {"forward": fwd, "reverse": rev, "forward_4_streams": fwd4, "serve_cpu_ticks": cpu(lab.serves) - c0,
                "guest_cpu_busy_percent": busy * 100,
                "cpu_percent_per_mbit": busy * 100 / statistics.median(fwd) if statistics.median(fwd) else None,
@@ -129,7 +155,7 @@ def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
             res["kernel_sessions_lns"] = sh("ip", "-n", lab.lns.ns, "l2tp", "show", "session").count("Session ")
             res["status_lns"] = sh("xl2tpd-control", "-d", "-c", lab.lns.control, "status-lns", "default")[-400:]
         if case == "d-pipexctl":
-            res["nft"] = sh("ip", "netns", "exec", lab.lns.ns, "nft", "list", "table", "ip", "pipexctl")
+            res["sockets_lns"] = sh("ip", "netns", "exec", lab.lns.ns, "ss", "-uanp")
             res["channel_latency_ms"] = call_latency(lab, lac, cycles)
         return res
     except RuntimeError as e:  # an iperf3 run failed: this case's error, the other cases still run
@@ -138,14 +164,125 @@ def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
         finish(lab)
 
 
+@contextlib.contextmanager
+def rcu_expedited():
+    """Linux 6.1 waits one RCU grace period per session delete (see
+    bench/controlplane.py): expedited while the scale rows build and remove
+    10,000 sessions, restored afterwards."""
+    path = Path("/sys/kernel/rcu_expedited")
+    old = path.read_text().strip()
+    path.write_text("1")
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+def extra_sessions(ns: str, tunnel_id: int, have: int, want: int, skip: int) -> None:
+    """Grow tunnel ``tunnel_id``'s sessions from ``have`` to ``want`` extra
+    ones (PPP, no channel: what an offloaded call's session is to the lookup)."""
+    from pipexctl.kernel.backend import NetlinkBackend
+    from pipexctl.model import PwType, SessionSpec
+
+    b = NetlinkBackend(netns=ns)
+    try:
+        sid = 1
+        made = 0
+        while made < want:
+            if sid != skip:
+                if made >= have:
+                    b.session_create(SessionSpec(tunnel_id=tunnel_id, session_id=sid, peer_session_id=sid, version=2,
+                                                 pw_type=PwType.ppp))
+                made += 1
+            sid += 1
+    finally:
+        b.close()
+
+
+def extra_sockets(ns: str, socks: list, want: int, local: str) -> None:
+    """Grow the list of UDP sockets on LOCAL:1701, each connected to its own
+    address in 10.200.0.0/16, to ``want``: what as many tunnels' sockets are
+    to Linux 6.1's UDP lookup (one hash bucket for LOCAL:1701, scanned)."""
+    import socket
+
+    from pipexctl import netns
+
+    with netns.enter(ns):
+        while len(socks) < want:
+            n = len(socks) + 1
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((local, 1701))
+            s.connect((f"10.200.{n // 250}.{n % 250 + 1}", 1701))
+            socks.append(s)
+
+
+def scale(case: str, kind: str, sizes: list[int], runs: int, seconds: int) -> dict:
+    """One call's forward throughput (median of ``runs``) with N others of
+    ``kind`` ("sessions" in its tunnel, "tunnels" sockets) beside it.  The
+    serve daemons are stopped (SIGSTOP) while measuring: their periodic
+    kernel dumps of N sessions would take the CPU the data path needs."""
+    import resource
+    import signal
+
+    try:
+        lab, lac, addr = bring_up(case)
+    except RuntimeError as e:
+        return {"error": str(e)}
+    socks: list = []
+    out = {}
+    try:
+        # "Session S in tunnel T"; xl2tpd's kernel mode also has its session 0
+        calls = [ln.split() for ln in sh("ip", "-n", lab.lns.ns, "l2tp", "show", "session").splitlines()
+                 if ln.startswith("Session ") and not ln.startswith("Session 0 ")]
+        if not calls:
+            return {"error": "no kernel session on the LNS"}
+        sid, tid = int(calls[0][1]), int(calls[0][4])
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4 * max(sizes) + 1024), max(hard, 4 * max(sizes) + 1024)))
+        sh("ip", "-n", lab.lns.ns, "route", "add", "10.200.0.0/16", "dev", "l1")
+        have = 0
+        for p in lab.serves:
+            os.killpg(p.pid, signal.SIGSTOP)
+        with rcu_expedited(), iperf_server(lab.lns.ns, addr):
+            for n in sizes:
+                t0 = time.monotonic()
+                if kind == "sessions":
+                    extra_sessions(lab.lns.ns, tid, have, n, sid)
+                    have = n
+                else:
+                    extra_sockets(lab.lns.ns, socks, n, "10.99.1.1")
+                built = time.monotonic() - t0
+                runs_ = [iperf_client(lac.ns, addr, seconds)["bits_per_second"] / 1e6 for _ in range(runs)]
+                out[str(n)] = {"forward": runs_, "median": statistics.median(runs_), "build_seconds": built}
+                print(f"  scale {case} {kind} N={n}: {statistics.median(runs_):.1f} Mbit/s", flush=True)
+        return out
+    except RuntimeError as e:
+        out["error"] = str(e)
+        return out
+    finally:
+        for p in lab.serves:
+            try:
+                os.killpg(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        for s in socks:
+            s.close()
+        finish(lab)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=int, default=10)
-    p.add_argument("--cases", default="a-veth,b-xl2tpd-pty,c-xl2tpd-kernel,d-pipexctl")
+    p.add_argument("--cases", default="a-veth,b-xl2tpd-pty,c-xl2tpd-kernel,d-pipexctl,b-xl2tpd-pty-stock,"
+                   "d-pipexctl-stock,b-xl2tpd-pty-esp,c-xl2tpd-kernel-esp,d-pipexctl-esp")
+    p.add_argument("--scale", default="0,100,1000,10000", help="N for the scale rows ('' to skip them)")
+    p.add_argument("--scale-seconds", type=int, default=5)
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "dataplane.json"))
     a = p.parse_args()
-    results = {"kernel": os.uname().release, "cpus": os.cpu_count(), "seconds": a.seconds, "cases": {}}
+    results = {"kernel": os.uname().release, "cpus": os.cpu_count(), "seconds": a.seconds, "cases": {},
+               "scale": {}}
     for case in a.cases.split(","):
         results["cases"][case] = r = run_case(case, a.runs, a.seconds)
         if "forward" in r:
@@ -153,6 +290,10 @@ def main() -> int:
                   f"{max(r['forward']):7.1f}  rev {statistics.median(r['reverse']):7.1f} Mbit/s", flush=True)
         else:
             print(case, r, flush=True)
+    sizes = [int(x) for x in a.scale.split(",") if x]
+    for case in ("c-xl2tpd-kernel", "d-pipexctl") if sizes else ():
+        for kind in ("sessions", "tunnels"):
+            results["scale"][f"{case}/{kind}"] = scale(case, kind, sizes, a.runs, a.scale_seconds)
     Path(a.out).write_text(json.dumps(results, indent=1))
     return 0
 

@@ -24,7 +24,15 @@ LABELS = {
     "b-xl2tpd-pty": "(b) xl2tpd userspace mode (pty)",
     "c-xl2tpd-kernel": "(c) xl2tpd kernel mode (pppol2tp.so)",
     "d-pipexctl": "(d) pipexctl offload of userspace-mode xl2tpd",
+    "b-xl2tpd-pty-stock": "(b) pty, pppd's stock options",
+    "d-pipexctl-stock": "(d) pipexctl, pppd's stock options",
+    "b-xl2tpd-pty-esp": "(b) pty, under ESP",
+    "c-xl2tpd-kernel-esp": "(c) xl2tpd kernel mode, under ESP",
+    "d-pipexctl-esp": "(d) pipexctl, under ESP",
 }
+
+
+BASE_CASES = ("a-veth", "b-xl2tpd-pty", "c-xl2tpd-kernel", "d-pipexctl")
 
 
 def table(res: dict) -> str:
@@ -40,11 +48,47 @@ def table(res: dict) -> str:
                     f"{statistics.median(r['reverse']):.1f} |")
     out = [f"Guest: kernel {res['kernel']}, {res['cpus']} vCPUs (QEMU TCG); iperf3 TCP {res['seconds']} s, "
            f"{len(next(iter(res['cases'].values())).get('forward', []))} runs per case, one boot.", "", *rows, ""]
-    ratios = [("d / b (target >= 10)", "d-pipexctl", "b-xl2tpd-pty"), ("d / c (target >= 0.95)", "d-pipexctl", "c-xl2tpd-kernel"),
-              ("c / a (target >= 0.7)", "c-xl2tpd-kernel", "a-veth"), ("d / a (target >= 0.7)", "d-pipexctl", "a-veth")]
+    ratios = [("d / b (target >= 15)", "d-pipexctl", "b-xl2tpd-pty"), ("d / c (target >= 0.95)", "d-pipexctl", "c-xl2tpd-kernel"),
+              ("c / a (target >= 0.7)", "c-xl2tpd-kernel", "a-veth"), ("d / a (target >= 0.7)", "d-pipexctl", "a-veth"),
+              ("stock options: d / b (target >= 10)", "d-pipexctl-stock", "b-xl2tpd-pty-stock"),
+              ("stock options: d / d with the lab's options", "d-pipexctl-stock", "d-pipexctl"),
+              ("under ESP: d / c (target >= 0.95)", "d-pipexctl-esp", "c-xl2tpd-kernel-esp"),
+              ("under ESP: d / b (target >= 4)", "d-pipexctl-esp", "b-xl2tpd-pty-esp")]
     for name, x, y in ratios:
         if x in med and y in med and med[y]:
             out.append(f"- {name}: {med[x] / med[y]:.2f}")
+    return "\n".join(out) + "\n"
+
+
+def scale_table(res: dict) -> str:
+    sc = res.get("scale") or {}
+    if not sc:
+        return ""
+    cols = [("c-xl2tpd-kernel/sessions", "(c) sessions"), ("d-pipexctl/sessions", "(d) sessions"),
+            ("c-xl2tpd-kernel/tunnels", "(c) tunnels"), ("d-pipexctl/tunnels", "(d) tunnels")]
+    sizes = sorted({int(n) for col, _ in cols for n in sc.get(col, {}) if n.isdigit()})
+    out = ["", "Scale: one call's forward Mbit/s (median) with N other sessions in its tunnel, or N other "
+           "tunnels' sockets on the LNS's UDP/1701 (each connected to its own peer address); serve daemons "
+           "stopped while measuring:", "",
+           "| N | " + " | ".join(label for _, label in cols) + " |", "|---|" + "---|" * len(cols)]
+    for n in sizes:
+        cells = []
+        for col, _ in cols:
+            r = sc.get(col, {}).get(str(n))
+            cells.append(f"{r['median']:.1f}" if r else "-")
+        out.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    for col, _ in cols:
+        if sc.get(col, {}).get("error"):
+            out.append(f"- {col}: error: {sc[col]['error']}")
+    d = sc.get("d-pipexctl/sessions", {})
+    if "0" in d and str(max(sizes)) in d and d["0"]["median"]:
+        out.append(f"\n- (d) sessions, N = {max(sizes):,} / N = 0 (target >= 0.9): "
+                   f"{d[str(max(sizes))]['median'] / d['0']['median']:.2f}")
+    dt, ct = sc.get("d-pipexctl/tunnels", {}), sc.get("c-xl2tpd-kernel/tunnels", {})
+    both = [n for n in sizes if str(n) in dt and str(n) in ct and ct[str(n)]["median"]]
+    if both:
+        out.append("- (d) tunnels / (c) tunnels at each N (target >= 1): " + ", ".join(
+            f"{n:,}: {dt[str(n)]['median'] / ct[str(n)]['median']:.2f}" for n in both))
     return "\n".join(out) + "\n"
 
 
@@ -97,7 +141,7 @@ def dp_extra(res: dict) -> str:
     out = ["", "| case | 4 streams median Mbit/s | ping avg / p99 ms | guest CPU % busy | CPU % per Mbit/s |",
            "|---|---|---|---|---|"]
     for case, r in res["cases"].items():
-        if "forward" not in r:
+        if "forward_4_streams" not in r:
             continue
         lat = r.get("latency_ms", {})
         cpm = r.get("cpu_percent_per_mbit")
@@ -120,8 +164,8 @@ def plot(res: dict, cp: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    cases = [c for c, r in res["cases"].items() if "forward" in r]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(18, 4.5))
+    cases = [c for c in BASE_CASES if "forward" in res["cases"].get(c, {})]
     meds = [statistics.median(res["cases"][c]["forward"]) for c in cases]
     a1.bar([c.split("-", 1)[0] for c in cases], meds, color=["#888", "#c44", "#48c", "#4a4"][:len(cases)])
     for i, c in enumerate(cases):
@@ -141,6 +185,18 @@ def plot(res: dict, cp: dict, path: Path) -> bool:
         a2.set_ylim(bottom=0)
         a2.legend()
         a2.set_title("Control plane: library cost per operation")
+    for col, style in (("c-xl2tpd-kernel/sessions", "b--"), ("d-pipexctl/sessions", "g-"),
+                       ("c-xl2tpd-kernel/tunnels", "b:"), ("d-pipexctl/tunnels", "g-.")):
+        pts = sorted((int(n), r["median"]) for n, r in (res.get("scale") or {}).get(col, {}).items() if n.isdigit())
+        if pts:
+            a3.plot([max(n, 1) for n, _ in pts], [m for _, m in pts], style, marker="o", label=col.replace("/", ", "))
+    if res.get("scale"):
+        a3.set_xscale("log")
+        a3.set_xlabel("N other sessions / tunnels (0 drawn at 1)")
+        a3.set_ylabel("one call, iperf3 TCP Mbit/s (median)")
+        a3.set_ylim(bottom=0)
+        a3.legend(fontsize=8)
+        a3.set_title("Data plane at scale")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return True
@@ -170,7 +226,7 @@ def main() -> int:
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
-    md = table(res) + dp_extra(res) + cp_table(cp)
+    md = table(res) + dp_extra(res) + scale_table(res) + cp_table(cp)
     png = out / f"{stamp}.png"
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"
     md += f"\nGuest run: {r.total_seconds / 60:.1f} min.\n"

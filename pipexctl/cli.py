@@ -659,8 +659,10 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
 
     pppd loads the plugin (`plugin pipexctl.so` in xl2tpd's pppd options file);
     the plugin asks this daemon for its channel; the daemon creates the
-    kernel tunnel, session, PPPoL2TP socket and nftables steering for that
-    call and sends the socket to pppd.  Run it in xl2tpd's network namespace.
+    kernel tunnel (on a UDP socket like xl2tpd's kernel mode makes), session
+    and PPPoL2TP socket for that call and sends the socket to pppd; what the
+    kernel passes up (L2TP control) is relayed to xl2tpd.  Run it in
+    xl2tpd's network namespace.
 
     At start (and on SIGHUP) it reconciles its state file with the kernel
     and discovery: sessions of live calls are adopted, orphans removed.
@@ -674,8 +676,8 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     import signal as _signal
 
     from .kernel.backend import NetlinkBackend
+    from .offload.datapath import KernelDataPath
     from .offload.server import OffloadServer
-    from .offload.steering import Nft
 
     # journald stamps each line itself; elsewhere (a log file) the time is ours to add
     stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s.%(msecs)03d "
@@ -683,7 +685,13 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
                         format=stamp + "pipexctl serve: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S")
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
     backend = NetlinkBackend(netns=app.netns)
-    srv = OffloadServer(socket_path, d, backend, Nft(netns=app.netns), wait=wait, xl2tpd_port=xl2tpd_port,
+    try:
+        datapath = KernelDataPath(xl2tpd_port, netns=app.netns)
+    except PermissionError:
+        d.close()
+        backend.close()
+        raise errors.PermissionDeniedError("the control relay needs a raw socket (CAP_NET_RAW)") from None
+    srv = OffloadServer(socket_path, d, backend, datapath, wait=wait, xl2tpd_port=xl2tpd_port,
                         reconcile_interval=reconcile_interval, state_path=state_path,
                         teardown_on_exit=teardown_on_exit)
     srv.max_session_series = metrics_max_sessions

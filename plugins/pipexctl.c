@@ -17,6 +17,9 @@
  *   pipexctl_socket PATH   the daemon's socket (default /run/pipexctl/serve.sock)
  *   pipexctl_timeout SECS  how long to wait for the daemon (default 5)
  *   pipexctl_required      fail instead of falling back to the pty
+ *   pipexctl_compression   keep ACFC/PFC, VJ and CCP compression as the other
+ *                          options say (default: off on the kernel channel,
+ *                          as pppd's own pppol2tp.so turns them off)
  *
  * Built against Debian's ppp-dev (pppd 2.4.9); the few API differences of
  * pppd 2.5 are behind PPP_API_25 (see plugins/Makefile).
@@ -42,6 +45,9 @@
 /* pppd 2.5: renamed entry points (not built here: Debian 12 ships 2.4.9) */
 #include <pppd/pppd.h>
 #include <pppd/options.h>
+#include <pppd/lcp.h>
+#include <pppd/ipcp.h>
+#include <pppd/ccp.h>
 #define PX_VERSION PPPD_VERSION
 typedef struct option px_option_t;
 #define PX_IFNAME() ppp_ifname()
@@ -50,6 +56,10 @@ typedef struct option px_option_t;
 #define add_options ppp_add_options
 #else
 #include <pppd/pppd.h>
+#include <pppd/fsm.h>
+#include <pppd/lcp.h>
+#include <pppd/ipcp.h>
+#include <pppd/ccp.h>
 #define PX_VERSION VERSION
 typedef option_t px_option_t;
 #define PX_IFNAME() ifname
@@ -61,6 +71,7 @@ char pppd_version[] = PX_VERSION;
 static char px_socket[108] = "/run/pipexctl/serve.sock";
 static int px_timeout = 5;
 static bool px_required = 0;
+static bool px_compression = 0;
 
 static px_option_t px_options[] = {
 	{ "pipexctl_socket", o_string, px_socket,
@@ -69,6 +80,8 @@ static px_option_t px_options[] = {
 	  "Seconds to wait for pipexctl serve", OPT_PRIO | OPT_LLIMIT, NULL, 0, 1 },
 	{ "pipexctl_required", o_bool, &px_required,
 	  "Fail when pipexctl cannot provide the channel", OPT_PRIO | 1 },
+	{ "pipexctl_compression", o_bool, &px_compression,
+	  "Keep ACFC/PFC, VJ and CCP compression on the kernel channel", OPT_PRIO | 1 },
 	{ NULL }
 };
 
@@ -287,12 +300,31 @@ static void px_release_pty(void)
 		close(nul);
 }
 
+/* The kernel channel is synchronous and carries frames as they are, as
+ * pppd's pppol2tp.so channel does: negotiate no header or data compression
+ * (with pppd's stock options Deflate and VJ were negotiated, and transfers
+ * through the offload stalled). */
+static void px_no_compression(void)
+{
+	if (px_compression) {
+		info("pipexctl: compression as the options say (pipexctl_compression)");
+		return;
+	}
+	lcp_wantoptions[0].neg_accompression = lcp_allowoptions[0].neg_accompression = 0;
+	lcp_wantoptions[0].neg_pcompression = lcp_allowoptions[0].neg_pcompression = 0;
+	ipcp_wantoptions[0].neg_vj = ipcp_allowoptions[0].neg_vj = 0;
+	ccp_wantoptions[0].deflate = ccp_allowoptions[0].deflate = 0;
+	ccp_wantoptions[0].bsd_compress = ccp_allowoptions[0].bsd_compress = 0;
+	info("pipexctl: ACFC, PFC, VJ and CCP compression off on the kernel channel");
+}
+
 static void px_check_options(void)
 {
 	char why[320];
 
 	if (px_request(why, sizeof(why)) == 0) {
 		px_release_pty();
+		px_no_compression();
 		return;
 	}
 	if (px_required)

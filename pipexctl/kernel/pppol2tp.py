@@ -292,8 +292,9 @@ def udp_socket(local: tuple[str, int], remote: tuple[str, int]) -> socket.socket
 SYS_pidfd_getfd = 438  # the same number on every architecture but alpha (include/uapi/asm-generic/unistd.h)
 
 
-def take_udp_socket(pid: int, local_port: int) -> Optional[socket.socket]:
-    """A copy of the UDP socket bound to ``local_port`` that process ``pid`` holds, or None.
+def take_udp_socket(pid: int, local: tuple[str, int], peer: tuple[str, int]) -> Optional[socket.socket]:
+    """A copy of the UDP socket bound to ``local`` and connected to ``peer``
+    that process ``pid`` holds, or None.
 
     Used when `pipexctl serve` restarts: the tunnel's socket lives on in the
     pppds it was given to, and pidfd_getfd(2) (Linux 5.6+, root) takes a copy
@@ -319,8 +320,8 @@ def take_udp_socket(pid: int, local_port: int) -> Optional[socket.socket]:
                 continue
             s = socket.socket(fileno=fd)
             try:
-                if s.type == socket.SOCK_DGRAM and s.family in (socket.AF_INET, socket.AF_INET6) \
-                        and s.getsockname()[1] == local_port:
+                if s.type == socket.SOCK_DGRAM and s.family == socket.AF_INET \
+                        and s.getsockname() == local and s.getpeername() == peer:
                     return s
             except OSError:
                 pass

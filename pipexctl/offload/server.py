@@ -3,12 +3,12 @@
 For a pppd that asks (the plugin, plugins/pipexctl.c), identified by
 SO_PEERCRED and matched to its xl2tpd call through discovery:
 
-1. a private UDP socket, bound to the local address on a free port and
-   connected to the peer's address and port (one per xl2tpd tunnel);
+1. the tunnel's UDP socket, made as xl2tpd's kernel mode makes it: on
+   xl2tpd's address and port, connected to the peer (datapath.py; what the
+   kernel passes up on it is relayed to xl2tpd);
 2. a kernel L2TPv2 tunnel on it (xl2tpd's tunnel ids);
 3. the kernel PPP session (xl2tpd's call ids; LNS mode on the LNS);
-4. a PPPoL2TP socket connected to it, sent to pppd over SCM_RIGHTS;
-5. nftables steering of exactly that session's data packets (steering.py).
+4. a PPPoL2TP socket connected to it, sent to pppd over SCM_RIGHTS.
 
 Every step is undone if a later one fails.  pppd gets the PPPoL2TP socket
 and a copy of the tunnel's UDP socket, so the kernel session ends when pppd
@@ -18,8 +18,8 @@ its last call) the tunnel are removed.
 
 What the daemon made is recorded in a state file (statefile.py).  A
 restart reconciles: it adopts the sessions of live calls (taking the tunnel
-socket back from a pppd with pidfd_getfd), removes orphans, and rewrites the
-nft table for exactly what is adopted.  SIGTERM leaves offloaded sessions
+socket back from a pppd with pidfd_getfd, and relaying it again) and removes
+orphans.  SIGTERM leaves offloaded sessions
 running unless ``teardown_on_exit``; SIGHUP asks xl2tpd (control pipe),
 /proc and the kernel at once and reconciles the state file against them.
 
@@ -48,20 +48,18 @@ from ..discovery.state import CallDown, CallInfo, TunnelDown
 from ..kernel.pppol2tp import take_udp_socket
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from . import statefile
+from .datapath import DataPath
 from .statefile import SessionRecord, TunnelRecord
-from .steering import Nft, Steer, Steering, delete_table, ruleset
 
 log = logging.getLogger("pipexctl.serve")
 
 MAX_REQUEST = 4096
-SO_NO_CHECK = 11  # asm-generic/socket.h
 
 # Failpoints for the fault tests (tests/kernel/test_faults.py): with
 # PIPEXCTL_FAILPOINT=<name> in its environment the daemon kills itself with
 # SIGKILL at that point of the offload sequence, as a crash or an OOM kill
 # there would.  Unset (always, in production) they cost one set lookup.
-FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "rules-applied", "state-saved",
-              "channel-sent")
+FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "state-saved", "channel-sent")
 
 
 def _failpoints() -> frozenset:
@@ -138,15 +136,13 @@ class TunnelState:
     peer: str
     peer_port: int
     sock: Optional[socket.socket]  # None: adopted, and no pppd copy could be taken back
-    private_port: int
-    sessions: dict[int, Steer] = field(default_factory=dict)
-    records: dict[int, SessionRecord] = field(default_factory=dict)
+    local_port: int
+    records: dict[int, SessionRecord] = field(default_factory=dict)  # by call id: the offloaded sessions
 
     def record(self) -> TunnelRecord:
         return TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id, peer_tunnel_id=self.peer_tunnel_id,
                             local=self.local, peer=self.peer, peer_port=self.peer_port,
-                            private_port=self.private_port,
-                            sessions=[self.records[c] for c in sorted(self.sessions) if c in self.records])
+                            local_port=self.local_port, sessions=[self.records[c] for c in sorted(self.records)])
 
 
 def _ttyname(fd: Optional[int]) -> Optional[str]:
@@ -203,25 +199,23 @@ def _percentiles(xs: list[float]) -> dict:
 
 
 class OffloadServer:
-    def __init__(self, socket_path: str, discovery: Discovery, backend, nft: Nft, *,
+    def __init__(self, socket_path: str, discovery: Discovery, backend, datapath: DataPath, *,
                  wait: float = 5.0, xl2tpd_port: int = 1701, log_interval: float = 0.2,
                  reconcile_interval: float = 5.0, state_path: Optional[str] = None,
                  teardown_on_exit: bool = False) -> None:
-        self.socket_path, self.d, self.backend, self.nft = socket_path, discovery, backend, nft
-        self.steering = Steering(nft)
+        self.socket_path, self.d, self.backend, self.datapath = socket_path, discovery, backend, datapath
         self.wait, self.xl2tpd_port = wait, xl2tpd_port
         self.state_path = state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json")
         self.teardown_on_exit = teardown_on_exit
         self.reload = threading.Event()
         self.last_reconcile: dict = {}
-        self.nft_seconds = 0.0  # the last rule-set write
         self.latencies: collections.deque = collections.deque(maxlen=1000)  # request -> fd sent, seconds
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
         # that the data path needs), so they run rarely, and on demand while a
         # pppd waits for its channel.
         self.log_interval, self.reconcile_interval = log_interval, reconcile_interval
         # Two locks, always taken in this order when both are needed:
-        # ``lock`` for what the daemon made (tunnels, kernel, nft, state file),
+        # ``lock`` for what the daemon made (tunnels, kernel, state file),
         # ``dlock`` for discovery.  Parsing logs (slow under emulation) then
         # never delays an offload, and an offload never delays parsing.
         self.lock = threading.RLock()
@@ -268,7 +262,6 @@ class OffloadServer:
 
     def serve_forever(self) -> None:
         with self.lock:
-            self._warm_up()
             with self.dlock:
                 self.d.refresh(events=False)  # the state is reconciled as a whole just below
             self.reconcile_state()
@@ -297,35 +290,20 @@ class OffloadServer:
             self._mbackend = None
         with self.lock:
             if not self.teardown_on_exit:
-                # the kernel keeps the sessions (pppd holds their sockets), the
-                # rules stay, the state file says what to adopt at restart
-                n = sum(len(t.sessions) for t in self.tunnels.values())
+                # the kernel keeps the sessions and tunnels (pppd holds their
+                # sockets); what the kernel passes up meanwhile waits in the
+                # tunnel sockets for the next start, which adopts and relays them
+                n = sum(len(t.records) for t in self.tunnels.values())
                 for ts in self.tunnels.values():
                     if ts.sock is not None:
-                        ts.sock.close()
+                        self.datapath.release(ts.sock)
                 self._save()
                 log.info("stopping: %d offloaded session(s) left running for the next start to adopt", n)
-                return
-            for key in list(self.tunnels):
-                self._drop_tunnel(key, "pipexctl serve stopping", sync=False)
-            try:
-                self.nft.apply(delete_table())
-                self.steering.forget()
-            except errors.PipexError as e:
-                log.warning("%s", e)
-            self._save()
-
-    def _warm_up(self) -> None:
-        """Write one throw-away rule that uses every expression steering uses.
-
-        The kernel loads nft_ct and friends on first use, which took 0.5-1.8 s
-        under TCG: paid here at start rather than by the first pppd.  The rule
-        matches TEST-NET-1 (RFC 5737) only, and reconcile_state() replaces the
-        whole table right after."""
-        try:
-            self.nft.apply(ruleset([Steer("192.0.2.1", "192.0.2.2", 1, 1, 1, 1, self.xl2tpd_port)]))
-        except errors.PipexError as e:
-            log.warning("%s", e)
+            else:
+                for key in list(self.tunnels):
+                    self._drop_tunnel(key, "pipexctl serve stopping", sync=False)
+                self._save()
+        self.datapath.close()
 
     # ---------------------------------------------------------- state and reconcile
     def _save(self) -> None:
@@ -362,8 +340,7 @@ class OffloadServer:
     def reconcile_state(self) -> dict:
         """Adopt what the state file recorded and is still live; remove orphans.
 
-        Runs at start (after discovery's first refresh) and on SIGHUP; the
-        nft table is rewritten for exactly what is then owned."""
+        Runs at start (after discovery's first refresh) and on SIGHUP."""
         state, warning = statefile.load(self.state_path)
         if warning:
             log.warning("%s", warning)
@@ -385,33 +362,39 @@ class OffloadServer:
             log.info("reconcile: forgot %s", why)
         for rec in p.adopt:
             sock = None
-            for s in rec.sessions:
-                sock = take_udp_socket(s.pppd_pid, rec.private_port)
+            for r in rec.sessions:
+                sock = take_udp_socket(r.pppd_pid, (rec.local, rec.local_port), (rec.peer, rec.peer_port))
                 if sock is not None:
                     break
             ts = TunnelState(rec.instance, rec.tunnel_id, rec.peer_tunnel_id, rec.local, rec.peer, rec.peer_port,
-                             sock, rec.private_port)
-            for s in rec.sessions:
-                self._rehold_pty(rec.instance, s)
-                ts.sessions[s.call_id] = Steer(rec.local, rec.peer, rec.peer_port, rec.private_port, rec.tunnel_id,
-                                               s.call_id, self.xl2tpd_port)
-                ts.records[s.call_id] = s
+                             sock, rec.local_port)
+            for r in rec.sessions:
+                self._rehold_pty(rec.instance, r)
+                ts.records[r.call_id] = r
             self.tunnels[(rec.instance, rec.tunnel_id)] = ts
-            log.info("reconcile: adopted tunnel %d with session(s) %s%s", rec.tunnel_id,
-                     ", ".join(str(s.call_id) for s in rec.sessions),
-                     "" if sock else " (its socket stays with its pppds only)")
+            if sock is not None:
+                self.datapath.adopt(sock, ts.tunnel_id)
+                log.info("reconcile: adopted tunnel %d with session(s) %s", rec.tunnel_id,
+                         ", ".join(str(r.call_id) for r in rec.sessions))
+            else:
+                log.warning("reconcile: adopted tunnel %d with session(s) %s, but no pppd's copy of its socket "
+                            "could be taken back: its control packets cannot reach xl2tpd", rec.tunnel_id,
+                            ", ".join(str(r.call_id) for r in rec.sessions))
         self.stats["adopted"] += sum(len(t.sessions) for t in p.adopt)
         self.stats["orphans_removed"] += len(p.remove_sessions) + len(p.remove_tunnels)
         self.last_reconcile = {**p.summary(), "warning": warning, "at": time.time()}
         self.reconciles += 1
-        self.steering.forget()  # a reconcile rewrites the whole table, whatever happened to it
-        self._apply_rules()
+        self.datapath.settle()  # the twins' steering: exactly what is held now
         self._save()
         return self.last_reconcile
 
     def _watch(self) -> None:
-        last = time.monotonic()
+        last = checked = time.monotonic()
         while not self.stop.wait(self.log_interval):
+            if time.monotonic() - checked >= 0.5:
+                # a firewall reload may have flushed the twins' steering
+                checked = time.monotonic()
+                self.datapath.check()
             if self.reload.is_set():
                 self.reload.clear()
                 with self.dlock:
@@ -455,13 +438,12 @@ class OffloadServer:
                          ts.tunnel_id, e.call.pppd_pid, rec.pppd_pid)
                 return
             self.ptys.release((e.call.instance, e.call.call_id))
-            if ts and e.call.call_id in ts.sessions:
-                del ts.sessions[e.call.call_id]
-                ts.records.pop(e.call.call_id, None)
+            if ts and e.call.call_id in ts.records:
+                del ts.records[e.call.call_id]
                 self._gone_ok(lambda: self.backend.session_delete(ts.tunnel_id, e.call.call_id))
                 self.stats["removed"] += 1
                 log.info("call %d of tunnel %d ended (%s): offload removed", e.call.call_id, ts.tunnel_id, e.reason)
-                self._sync()
+                self._save()
         elif isinstance(e, TunnelDown):
             key = (e.tunnel.instance, e.tunnel.tunnel_id)
             ts = self.tunnels.get(key)
@@ -581,9 +563,8 @@ class OffloadServer:
             self.stats["offloaded"] += 1
             self.latencies.append(time.monotonic() - t0)
         log.info("call %d (tunnel %d) of pppd %d offloaded in %.0f ms (%.0f ms waiting for discovery, "
-                 "%.0f for the lock, %.0f kernel+nft, %.0f ms in nft)", call.call_id, call.tunnel_id, pid,
-                 (time.monotonic() - t0) * 1000, (t1 - t0) * 1000, (t3 - t2) * 1000, (t4 - t3) * 1000,
-                 self.nft_seconds * 1000)
+                 "%.0f for the lock, %.0f kernel)", call.call_id, call.tunnel_id, pid,
+                 (time.monotonic() - t0) * 1000, (t1 - t0) * 1000, (t3 - t2) * 1000, (t4 - t3) * 1000)
         if pty is None:
             return False
         self.ptys.hold((call.instance, call.call_id), pty)
@@ -639,10 +620,10 @@ class OffloadServer:
         new_tunnel = ts is None
         if new_tunnel:
             ts = self._new_tunnel(call)
-        if call.call_id in ts.sessions and self._stale_session(ts, call.call_id):
+        if call.call_id in ts.records and self._stale_session(ts, call.call_id):
             # the id of a call whose end discovery has not reported yet
             self._forget_session(ts, call.call_id, "its id was reused by a new call")
-        if call.call_id in ts.sessions:
+        if call.call_id in ts.records:
             # before the try: the rollback below must not touch the healthy session
             raise errors.ConflictError(f"call {call.call_id} of tunnel {call.tunnel_id} is already offloaded")
         ch = None
@@ -659,62 +640,46 @@ class OffloadServer:
                          pw_type=PwType.ppp)
             ch = self.backend.ppp_connect(kt, ks)
             self._failpoint("channel-connected")
-            ts.sessions[call.call_id] = Steer(ts.local, ts.peer, ts.peer_port, ts.private_port, ts.tunnel_id,
-                                              call.call_id, self.xl2tpd_port)
             ts.records[call.call_id] = SessionRecord(call_id=call.call_id, peer_call_id=call.peer_call_id,
                                                      pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role,
                                                      pty=pty)
-            self._apply_rules()
-            self._failpoint("rules-applied")
             self._save()
             self._failpoint("state-saved")
         except BaseException:
             if ch is not None:
                 ch.close()
             ts.records.pop(call.call_id, None)
-            if ts.sessions.pop(call.call_id, None) is not None:
-                self._quiet(self._apply_rules)
             if session_made:
                 self._quiet(lambda: self.backend.session_delete(ts.tunnel_id, call.call_id))
             if new_tunnel:
                 self._drop_tunnel(key, "offload failed", sync=False)
             raise
         meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
-                "peer_session_id": call.peer_call_id, "local": f"{ts.local}:{ts.private_port}",
+                "peer_session_id": call.peer_call_id, "local": f"{ts.local}:{ts.local_port}",
                 "peer": f"{ts.peer}:{ts.peer_port}", "role": call.role}
         return ch, meta
 
     def _new_tunnel(self, call: CallInfo) -> TunnelState:
         peer_port = call.peer_port or 1701
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        local = self.datapath.local_for(call.peer, peer_port)
+        # a second tunnel from the same peer address and port cannot have
+        # xl2tpd's port too (Linux before 6.11 looks a data packet's session
+        # up in the tunnel of the socket that received it): a private port
+        twin = any((t.local, t.peer, t.peer_port, t.local_port) == (local, call.peer, peer_port, self.xl2tpd_port)
+                   for t in self.tunnels.values())
+        s = self.datapath.open(local, call.peer, peer_port, call.tunnel_id, twin)
         try:
-            probe.connect((call.peer, peer_port))
-            local = probe.getsockname()[0]
-        except OSError as e:
-            raise errors.SocketError(f"no route to {call.peer}: {e.strerror}") from None
-        finally:
-            probe.close()
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            # no UDP checksums, like xl2tpd's own sockets: the peer's steering
-            # rule zeroes them anyway, and computing them costs the data path
-            s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
-            s.bind((local, 0))
-            s.connect((call.peer, peer_port))
-            private = s.getsockname()[1]
             self.backend.tunnel_create(TunnelSpec(tunnel_id=call.tunnel_id, peer_tunnel_id=call.peer_tunnel_id,
                                                   version=2, fd=s.fileno()))
-        except OSError as e:
-            s.close()
-            raise errors.SocketError(f"cannot open the private socket for tunnel {call.tunnel_id}: {e.strerror}") from None
         except BaseException:
-            s.close()
+            self.datapath.close_tunnel(s, call.tunnel_id)
             raise
-        self._failpoint("tunnel-created")
-        ts = TunnelState(call.instance, call.tunnel_id, call.peer_tunnel_id, local, call.peer, peer_port, s, private)
+        ts = TunnelState(call.instance, call.tunnel_id, call.peer_tunnel_id, local, call.peer, peer_port, s,
+                         s.getsockname()[1])
         self.tunnels[(call.instance, call.tunnel_id)] = ts
-        log.info("kernel tunnel %d/%d on %s:%d <-> %s:%d", ts.tunnel_id, ts.peer_tunnel_id, local, private,
-                 call.peer, peer_port)
+        self._failpoint("tunnel-created")
+        log.info("kernel tunnel %d/%d on %s:%d <-> %s:%d%s", ts.tunnel_id, ts.peer_tunnel_id, local, ts.local_port,
+                 call.peer, peer_port, " (steered: another tunnel has this address pair)" if twin else "")
         return ts
 
     def _stale_session(self, ts: TunnelState, call_id: int) -> bool:
@@ -727,7 +692,6 @@ class OffloadServer:
         return False
 
     def _forget_session(self, ts: TunnelState, call_id: int, why: str) -> None:
-        ts.sessions.pop(call_id, None)
         ts.records.pop(call_id, None)
         self.ptys.release((ts.instance, call_id))
         self.stats["removed"] += 1
@@ -735,37 +699,25 @@ class OffloadServer:
 
     def _undo_session(self, call: CallInfo, tunnel_id: int) -> None:
         ts = self.tunnels.get((call.instance, tunnel_id))
-        if ts and ts.sessions.pop(call.call_id, None):
-            ts.records.pop(call.call_id, None)
+        if ts and ts.records.pop(call.call_id, None):
             self._gone_ok(lambda: self.backend.session_delete(tunnel_id, call.call_id))
-            self._sync()
+            self._save()
 
     def _drop_tunnel(self, key, reason: str, sync: bool = True) -> None:
-        """Remove a tunnel and its sessions; ``sync=False``: the caller rewrites rules and state."""
+        """Remove a tunnel and its sessions; ``sync=False``: the caller writes the state file."""
         ts = self.tunnels.pop(key, None)
         if ts is None:
             return
-        for cid in ts.sessions:
+        for cid in ts.records:
             self.ptys.release((ts.instance, cid))
-        ts.sessions.clear()
         ts.records.clear()
         # pppds hold copies of the socket, so closing ours is not enough
         self._gone_ok(lambda: self.backend.tunnel_delete(ts.tunnel_id))
         if ts.sock is not None:
-            ts.sock.close()
+            self.datapath.close_tunnel(ts.sock, ts.tunnel_id)
         log.info("tunnel %d removed (%s)", ts.tunnel_id, reason)
         if sync:
-            self._sync()
-
-    def _sync(self) -> None:
-        """Rules and state file to what self.tunnels holds (a failed nft write is logged)."""
-        self._quiet(self._apply_rules)
-        self._save()
-
-    def _apply_rules(self) -> None:
-        start = time.monotonic()
-        self.steering.apply(s for t in self.tunnels.values() for s in t.sessions.values())
-        self.nft_seconds = time.monotonic() - start
+            self._save()
 
     @staticmethod
     def _quiet(fn) -> None:
@@ -788,11 +740,13 @@ class OffloadServer:
         with self.lock:
             return {
                 "tunnels": [{"tunnel_id": t.tunnel_id, "peer_tunnel_id": t.peer_tunnel_id, "local": t.local,
-                             "private_port": t.private_port, "peer": f"{t.peer}:{t.peer_port}",
-                             "sessions": sorted(t.sessions), "holds_socket": t.sock is not None,
+                             "local_port": t.local_port, "steered": t.local_port != self.xl2tpd_port,
+                             "peer": f"{t.peer}:{t.peer_port}",
+                             "sessions": sorted(t.records), "holds_socket": t.sock is not None,
                              "pppd_pids": {c: r.pppd_pid for c, r in t.records.items()}}
                             for t in self.tunnels.values()],
                 "stats": dict(self.stats),
+                "datapath": self.datapath.stats(),
                 "reconcile": self.last_reconcile,
                 "channel_latency_ms": _percentiles([x * 1000 for x in self._latencies()]),
             }
@@ -816,7 +770,7 @@ class OffloadServer:
         with self.dlock:
             calls = collections.Counter((c.role, c.data_path) for c in self.d.tracker.calls())
         with self.lock:
-            owned = {(t.tunnel_id, cid): t.peer for t in self.tunnels.values() for cid in t.sessions}
+            owned = {(t.tunnel_id, cid): t.peer for t in self.tunnels.values() for cid in t.records}
             n_tunnels = len(self.tunnels)
             with self._clock:
                 stats, reasons = dict(self.stats), dict(self.reasons)

@@ -1,8 +1,8 @@
 """What `pipexctl serve` created, on disk, and how a restart reconciles it.
 
 The file (default ``/run/pipexctl/state.json``, mode 0600) lists each kernel
-tunnel the daemon made (xl2tpd instance, ids, addresses, the private UDP
-port) and each offloaded session in it (call ids, the owning pppd's PID).
+tunnel the daemon made (xl2tpd instance, ids, both addresses and ports) and
+each offloaded session in it (call ids, the owning pppd's PID).
 It is written after every change with temp file + fsync + rename, so a
 crash leaves either the old or the new file, never a torn one.
 
@@ -12,13 +12,15 @@ kernel holds and what discovery knows, and gets three lists:
 - *adopt*: a session whose kernel object exists, whose pppd is alive and
   whose call discovery still reports (same instance, tunnel, call, PID);
 - *remove*: sessions and tunnels that are ours (recorded, and the kernel
-  tunnel still sits on the recorded private port) but orphaned;
+  tunnel still has the recorded ids and addresses) but orphaned;
 - *forget*: records with nothing left in the kernel, or whose ids the
   kernel now uses for something that is not ours (never touched).
 
 A file that cannot be read or does not validate is moved aside
 (``state.json.corrupt-<time>``) with a warning and treated as empty; it is
-never trusted and never a crash.
+never trusted and never a crash.  A version 1 file (written by the earlier
+data path: private ports and nft steering) is moved aside the same way, with
+what to do about the calls it names.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pydantic.dataclasses import dataclass as pdataclass
 
 from ..model import Session, Tunnel
 
-VERSION = 1
+VERSION = 2
 
 
 # Records are slotted, validated dataclasses (one per offloaded call is
@@ -59,12 +61,12 @@ class TunnelRecord:
     local: str
     peer: str
     peer_port: int = Field(ge=1, le=65535)
-    private_port: int = Field(ge=1, le=65535)
+    local_port: int = Field(ge=1, le=65535)
     sessions: list[SessionRecord] = Field(default_factory=list)
 
 
 class State(BaseModel):
-    version: Literal[1] = VERSION
+    version: Literal[2] = VERSION
     written: float = 0.0
     pid: int = 0
     tunnels: list[TunnelRecord] = Field(default_factory=list)
@@ -86,7 +88,12 @@ def load(path: str) -> tuple[State, Optional[str]]:
         why = "larger than 16 MiB"
     else:
         try:
-            return State.model_validate(json.loads(raw.decode("utf-8"))), None
+            doc = json.loads(raw.decode("utf-8"))
+            if isinstance(doc, dict) and doc.get("version") == 1:
+                why = ("written by pipexctl's earlier data path (private ports, nft table ip pipexctl); its calls "
+                       "keep running until they end, then remove that table with 'nft delete table ip pipexctl'")
+            else:
+                return State.model_validate(doc), None
         except (ValueError, UnicodeDecodeError, ValidationError) as e:
             why = str(e).splitlines()[0][:200]
     aside = f"{path}.corrupt-{int(time.time())}"
@@ -146,11 +153,13 @@ def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterab
         if t is None:
             p.forget.append(f"tunnel {rec.tunnel_id}: no longer in the kernel")
             continue
-        sport = t.local.port if t.local else None
-        if t.peer_tunnel_id != rec.peer_tunnel_id or sport != rec.private_port:
+        local = (str(t.local.address), t.local.port) if t.local else None
+        remote = (str(t.remote.address), t.remote.port) if t.remote else None
+        if t.peer_tunnel_id != rec.peer_tunnel_id or local not in (None, (rec.local, rec.local_port)) \
+                or remote not in (None, (rec.peer, rec.peer_port)):
             # the id now belongs to another tunnel (xl2tpd kernel mode, another tool): not ours
             p.forget.append(f"tunnel {rec.tunnel_id}: the kernel's tunnel with this id is not ours "
-                            f"(peer id {t.peer_tunnel_id}, port {sport})")
+                            f"(peer id {t.peer_tunnel_id}, {local} <-> {remote})")
             continue
         kept = []
         for s in rec.sessions:
@@ -162,7 +171,7 @@ def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterab
                 p.remove_sessions.append((rec.tunnel_id, s.call_id, f"call gone or pppd {s.pppd_pid} dead"))
         recorded = {s.call_id for s in rec.sessions}
         for tid, sid in sorted(ks):
-            # only this daemon adds sessions to its tunnel (its private port):
+            # only this daemon adds sessions to its tunnel:
             # one it did not record was left by a crash between session create
             # and the state write
             if tid == rec.tunnel_id and sid not in recorded:

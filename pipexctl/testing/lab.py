@@ -32,6 +32,10 @@ mtu 1400
 mru 1400
 lcp-echo-interval 0
 """
+# pppd's own defaults as Debian ships them: compression left to negotiation
+PPP_OPTS_STOCK = """noauth
+nodefaultroute
+"""
 
 
 @dataclass
@@ -69,6 +73,7 @@ class Lab:
     sections: int = 1  # [lac] sections per LAC, each its own tunnel: "lns", "lns2", ...
     lns_global: str = ""  # extra [global] lines of the LNS's xl2tpd.conf
     lns_env: dict = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
+    ppp_opts: str = PPP_OPTS_COMMON  # the first lines of every pppd options file
 
     def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
@@ -108,7 +113,7 @@ class Lab:
         """``extra_pppd`` may use ``{sock}``: the instance's pipexctl serve socket."""
         assert self.lns is not None
         (self.lns.dir / "options").write_text(
-            PPP_OPTS_COMMON + f"logfile {self.lns.dir}/pppd.log\nms-dns 10.99.200.1\n"
+            self.ppp_opts + f"logfile {self.lns.dir}/pppd.log\nms-dns 10.99.200.1\n"
             + extra_pppd.format(sock=self.serve_socket(self.lns)))
         self.lns.dir.joinpath("xl2tpd.conf").write_text(
             self._global(None, self.lns_global)
@@ -125,7 +130,7 @@ pppoptfile = {self.lns.dir}/options
 """
         )
         for lac in self.lacs:
-            (lac.dir / "options").write_text(PPP_OPTS_COMMON + f"logfile {lac.dir}/pppd.log\n"
+            (lac.dir / "options").write_text(self.ppp_opts + f"logfile {lac.dir}/pppd.log\n"
                                              + "ipcp-accept-local\nipcp-accept-remote\n"
                                              + extra_pppd.format(sock=self.serve_socket(lac)))
             lac.dir.joinpath("xl2tpd.conf").write_text(self._global(lac.local) + "".join(

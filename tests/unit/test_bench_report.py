@@ -44,6 +44,25 @@ def test_data_plane_ratios_come_from_the_medians():
         "c-xl2tpd-kernel": {"forward": [150.0, 160.0, 170.0], "reverse": [1.0]},
         "d-pipexctl": {"forward": [150.0, 152.0, 190.0], "reverse": [1.0]}}}
     md = run.table(res)
-    assert "- d / b (target >= 10): 15.20" in md
+    assert "- d / b (target >= 15): 15.20" in md
     assert "- d / c (target >= 0.95): 0.95" in md
     assert "- c / a (target >= 0.7): 0.80" in md
+
+
+def test_variant_ratios_and_the_scale_table_come_from_the_medians():
+    run = _run_module()
+    f = lambda *x: {"forward": list(x), "reverse": [1.0]}  # noqa: E731
+    res = {"kernel": "6.1", "cpus": 2, "seconds": 10, "cases": {
+        "d-pipexctl": f(200.0), "b-xl2tpd-pty-stock": f(20.0, 30.0, 40.0), "d-pipexctl-stock": f(300.0),
+        "b-xl2tpd-pty-esp": f(10.0), "c-xl2tpd-kernel-esp": f(80.0), "d-pipexctl-esp": f(76.0)},
+        "scale": {"d-pipexctl/sessions": {"0": {"median": 400.0}, "10000": {"median": 380.0}},
+                  "c-xl2tpd-kernel/tunnels": {"0": {"median": 400.0}, "10000": {"median": 50.0}},
+                  "d-pipexctl/tunnels": {"0": {"median": 420.0}, "10000": {"median": 55.0}}}}
+    md = run.table(res)
+    assert "- stock options: d / b (target >= 10): 10.00" in md
+    assert "- stock options: d / d with the lab's options: 1.50" in md
+    assert "- under ESP: d / c (target >= 0.95): 0.95" in md and "- under ESP: d / b (target >= 4): 7.60" in md
+    sc = run.scale_table(res)
+    assert "| 10,000 | - | 380.0 | 50.0 | 55.0 |" in sc
+    assert "N = 10,000 / N = 0 (target >= 0.9): 0.95" in sc
+    assert "0: 1.05, 10,000: 1.10" in sc

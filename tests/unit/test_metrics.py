@@ -1,8 +1,8 @@
 """`pipexctl serve`'s numbers: metrics() (the same for --metrics and
 `stat --serve`), their Prometheus text, the HTTP endpoint and the CLI.
 
-An OffloadServer on the null kernel backend (no kernel here) with a
-recording stand-in for nftables; the real daemon's metrics are checked in
+An OffloadServer on the null kernel backend and the null data path (no
+kernel here); the real daemon's metrics are checked in
 the guest (tests/kernel/test_offload.py)."""
 
 from __future__ import annotations
@@ -23,15 +23,8 @@ from pipexctl.discovery.discovery import Discovery
 from pipexctl.discovery.state import CallInfo
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload import metrics
+from pipexctl.offload.datapath import NullDataPath
 from pipexctl.offload.server import OffloadServer
-
-
-class RecordingNft:
-    def __init__(self):
-        self.docs = []
-
-    def apply(self, doc):
-        self.docs.append(doc)
 
 
 def call(cid, tid=100, peer="192.0.2.7"):
@@ -42,9 +35,9 @@ def call(cid, tid=100, peer="192.0.2.7"):
 @pytest.fixture
 def srv(tmp_path):
     d = Discovery([], proc=False, kernel=False)
-    s = OffloadServer(str(tmp_path / "serve.sock"), d, NullBackend(), RecordingNft())
+    s = OffloadServer(str(tmp_path / "serve.sock"), d, NullBackend(), NullDataPath())
     s.channels = []
-    for c in (call(1), call(2), call(3, tid=101)):
+    for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
         d.tracker.inst("xl2tpd").calls[c.call_id] = c
     yield s
     for ts in s.tunnels.values():
@@ -59,7 +52,7 @@ def offload(s, c):
 
 
 def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
-    for c in (call(1), call(2), call(3, tid=101)):
+    for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
         offload(srv, c)
     with pytest.raises(errors.ConflictError):
         srv.offload(call(1), 4242)
@@ -74,12 +67,12 @@ def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
                             "failed": {"conflict": 1}}
     assert m["calls"] == [{"role": "lns", "data_path": "kernel", "count": 3}]
     assert [(s["tunnel_id"], s["session_id"], s["peer"]) for s in m["sessions"]] == \
-        [(100, 1, "192.0.2.7"), (100, 2, "192.0.2.7"), (101, 3, "192.0.2.7")]
+        [(100, 1, "192.0.2.7"), (100, 2, "192.0.2.7"), (101, 3, "192.0.2.8")]
     assert m["sessions_not_listed"]["count"] == 0 and m["kernel_error"] is None
 
 
 def test_per_session_series_are_capped_and_the_rest_summed(srv):
-    for c in (call(1), call(2), call(3, tid=101)):
+    for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
         offload(srv, c)
     srv.backend._sessions[(100, 2)].stats.rx_bytes = 500
     srv.backend._sessions[(101, 3)].stats.rx_bytes = 70
@@ -165,14 +158,37 @@ def test_stat_serve_without_a_daemon_is_one_clear_error(tmp_path):
     assert "cannot ask pipexctl serve" in r.output and "Traceback" not in r.output
 
 
-def test_a_duplicate_offload_leaves_the_healthy_session_and_its_steering(srv):
+def test_a_duplicate_offload_leaves_the_healthy_session_and_its_tunnel_socket(srv):
     offload(srv, call(1))
-    rules_before = srv.nft.docs[-1]
+    tunnels = dict(srv.datapath.tunnels)
     with pytest.raises(errors.ConflictError):
         srv.offload(call(1), 4242)
-    assert 1 in srv.tunnels[("xl2tpd", 100)].sessions
-    assert srv.nft.docs[-1] == rules_before  # no rewrite without the session
+    assert 1 in srv.tunnels[("xl2tpd", 100)].records
+    assert srv.datapath.tunnels == tunnels and len(tunnels) == 1  # the tunnel's socket is still open
+    assert srv.tunnels[("xl2tpd", 100)].sock.fileno() >= 0
     assert srv.backend.session_get(100, 1).session_id == 1
+
+
+def test_a_second_tunnel_from_the_same_peer_address_and_port_gets_a_steered_socket(srv):
+    """Linux before 6.11 looks a data packet's session up in the tunnel of
+    the socket that received it: only the first tunnel of an address pair
+    sits on xl2tpd's port, a second one (a twin) on a steered private port."""
+    offload(srv, call(1))
+    first = srv.tunnels[("xl2tpd", 100)]
+    srv.xl2tpd_port = first.local_port  # as if the first one sat on xl2tpd's port
+    offload(srv, call(5, tid=103))
+    offload(srv, call(4, tid=102, peer="192.0.2.8"))  # another peer: a tunnel of its own
+    assert {t: twin for t, (twin, _) in srv.datapath.tunnels.items()} == {100: False, 103: True, 102: False}
+    assert srv.backend.tunnel_get(103).peer_tunnel_id == 200
+
+
+def test_a_dropped_tunnel_closes_its_socket(srv):
+    from pipexctl.discovery.state import TunnelDown, TunnelInfo
+
+    offload(srv, call(1))
+    sock = srv.tunnels[("xl2tpd", 100)].sock
+    srv._on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=200)))
+    assert srv.datapath.tunnels == {} and srv.tunnels == {} and sock.fileno() == -1
 
 
 def test_a_reused_session_id_is_offloaded_and_the_old_calls_late_end_spares_it(srv):
@@ -190,7 +206,7 @@ def test_a_reused_session_id_is_offloaded_and_the_old_calls_late_end_spares_it(s
     assert srv.tunnels[("xl2tpd", 100)].records[1].pppd_pid == 4343
     assert srv.backend.session_get(100, 1).peer_session_id == 77
     srv._on_event(CallDown(call=new, reason="hung up"))  # the new call's own end
-    assert 1 not in srv.tunnels[("xl2tpd", 100)].sessions
+    assert 1 not in srv.tunnels[("xl2tpd", 100)].records
 
 
 def test_a_reused_tunnel_id_replaces_the_dead_tunnel_and_its_late_end_spares_the_new_one(srv):
@@ -202,7 +218,7 @@ def test_a_reused_tunnel_id_replaces_the_dead_tunnel_and_its_late_end_spares_the
     ch, meta = srv.offload(new, 4343)
     srv.channels.append(ch)
     ts = srv.tunnels[("xl2tpd", 100)]
-    assert ts.peer_tunnel_id == 300 and list(ts.sessions) == [5] and old_sock.fileno() == -1
+    assert ts.peer_tunnel_id == 300 and list(ts.records) == [5] and old_sock.fileno() == -1
     assert srv.backend.tunnel_get(100).peer_tunnel_id == 300
     srv._on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=200)))
     assert ("xl2tpd", 100) in srv.tunnels and srv.backend.tunnel_get(100).peer_tunnel_id == 300
@@ -211,12 +227,12 @@ def test_a_reused_tunnel_id_replaces_the_dead_tunnel_and_its_late_end_spares_the
 
 
 def test_an_unknown_failpoint_is_refused_by_name(tmp_path, monkeypatch):
-    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "rules-applied,tunnel-made")
+    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved,tunnel-made")
     with pytest.raises(errors.InvalidArgumentError, match="unknown tunnel-made"):
-        OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), RecordingNft())
-    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "rules-applied")
-    s = OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), RecordingNft())
-    assert s.failpoints == {"rules-applied"}
+        OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
+    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved")
+    s = OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
+    assert s.failpoints == {"state-saved"}
 
 
 def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(tmp_path):
@@ -225,7 +241,7 @@ def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(t
     log = tmp_path / "xl2tpd.log"
     log.write_text("xl2tpd[147]: xl2tpd version xl2tpd-1.3.18 started on (none) PID:147\n")
     d = Discovery([str(log)], proc=False, kernel=False)
-    s = OffloadServer(str(tmp_path / "s.sock"), d, NullBackend(), RecordingNft(), wait=3.0, log_interval=60)
+    s = OffloadServer(str(tmp_path / "s.sock"), d, NullBackend(), NullDataPath(), wait=3.0, log_interval=60)
     try:
         d.refresh(events=False)  # as serve_forever starts
         with log.open("a") as f:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.kernel.backend import NullBackend
+from pipexctl.offload.datapath import NullDataPath
 from pipexctl.offload.server import MAX_REQUEST, OPS, OffloadServer, parse_request
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -47,15 +48,10 @@ def test_deep_nesting_and_size_limit():
     assert parse_request(b'{"op": "status"}' + b" " * (MAX_REQUEST - 16)) == ("status", None)
 
 
-class RecordingNft:
-    def apply(self, doc):
-        pass
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     d = tmp_path_factory.mktemp("serve")
-    srv = OffloadServer(str(d / "serve.sock"), Discovery([], proc=False, kernel=False), NullBackend(), RecordingNft())
+    srv = OffloadServer(str(d / "serve.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     for _ in range(200):

@@ -14,7 +14,7 @@ from pipexctl.offload.statefile import SessionRecord, State, TunnelRecord
 
 def rec(tid=10, ptid=20, port=40000, sessions=((1, 2, 100),)):
     return TunnelRecord(instance="log", tunnel_id=tid, peer_tunnel_id=ptid, local="10.0.0.1", peer="10.0.0.2",
-                        peer_port=1701, private_port=port,
+                        peer_port=1701, local_port=port,
                         sessions=[SessionRecord(call_id=c, peer_call_id=p, pppd_pid=pid) for c, p, pid in sessions])
 
 
@@ -75,12 +75,22 @@ def test_plan_adopts_live_calls_and_removes_orphans():
 
 
 def test_plan_never_touches_a_kernel_tunnel_that_is_not_ours():
-    # same id, but another peer id or another port: xl2tpd's kernel mode or another tool owns it
-    state = State(tunnels=[rec(10, 20, 40000), rec(11, 21, 40001)])
-    p = statefile.plan(state, [ktun(10, 99, 40000), ktun(11, 21, 1701)], [ksess(10, 1), ksess(11, 1)],
-                       lambda *k: False)
+    # same id, but another peer id, local port or peer: xl2tpd's kernel mode or another tool owns it
+    other_peer = ktun(12, 22, 40002).model_copy(
+        update={"remote": Endpoint(address=ipaddress.ip_address("10.0.0.9"), port=1701)})
+    state = State(tunnels=[rec(10, 20, 40000), rec(11, 21, 40001), rec(12, 22, 40002)])
+    p = statefile.plan(state, [ktun(10, 99, 40000), ktun(11, 21, 1701), other_peer],
+                       [ksess(10, 1), ksess(11, 1), ksess(12, 1)], lambda *k: False)
     assert p.adopt == [] and p.remove_sessions == [] and p.remove_tunnels == []
-    assert len(p.forget) == 2 and all("not ours" in f for f in p.forget)
+    assert len(p.forget) == 3 and all("not ours" in f for f in p.forget)
+
+
+def test_a_file_of_the_earlier_data_path_is_moved_aside_with_what_to_do(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"version": 1, "tunnels": [{"private_port": 40000}]}))
+    state, warning = statefile.load(str(path))
+    assert state.tunnels == [] and "earlier data path" in warning and "nft delete table ip pipexctl" in warning
+    assert not path.exists() and any(p.name.startswith("state.json.corrupt-") for p in tmp_path.iterdir())
 
 
 def test_plan_forgets_what_the_kernel_already_dropped():

@@ -1,0 +1,134 @@
+"""The offload as operators run it, not as the lab configures it: pppd's
+stock options (compression left to negotiation), L2TP/IPsec (transport-mode
+ESP on UDP/1701), and a firewall reload (`nft flush ruleset`) in the middle
+of transfers.  Real xl2tpd, pppd, kernel; checked with iproute2, nft's
+netdev counters on the wire, /proc/net/xfrm_stat and iperf3's own report."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pipexctl.testing.ipsec import esp, wire_counter, wire_counts, xfrm_stat
+from pipexctl.testing.lab import PPP_OPTS_STOCK, IPERF_PORT, Lab, iperf_client, iperf_server
+from pipexctl.testing.probe import ppp_peer_addrs
+
+from .conftest import ip_l2tp, wait_until
+from .test_offload import WITH_PLUGIN, ping, ppp_up
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def make_lab(request):
+    labs = []
+
+    def make(**kw) -> Lab:
+        lab = Lab(kernel_mode=False, **kw).setup(1)
+        labs.append(lab)
+        return lab
+
+    yield make
+    for lab in labs:
+        if os.environ.get("PIPEXCTL_RESULTS"):
+            d = Path(os.environ["PIPEXCTL_RESULTS"]) / request.node.name.replace("/", "_")
+            d.mkdir(exist_ok=True)
+            lab.keep_logs(d)
+        lab.teardown()
+
+
+def offload_one(lab: Lab, sections: int = 1):
+    lab.start_all(WITH_PLUGIN)
+    l1 = lab.lacs[0]
+    lab.serve_all([lab.lns, l1])
+    for section in lab.section_names()[:sections]:
+        lab.connect(l1, section=section)
+    wait_until(lambda: len(ppp_peer_addrs(lab.lns.ns)) == sections and ppp_up(l1.ns), "PPP up", detail=lab.tails)
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == sections == len(ip_l2tp(l1.ns, "session")),
+               "offloaded on both sides", detail=lab.tails)
+    return l1
+
+
+def test_stock_pppd_options_negotiate_no_compression_on_the_kernel_channel(make_lab):
+    """Without noccp/novj pppd negotiates Deflate and VJ by default; over the
+    kernel channel pppol2tp.so turns them off, and so does pipexctl.so."""
+    lab = make_lab(ppp_opts=PPP_OPTS_STOCK)
+    l1 = offload_one(lab)
+    for inst in (lab.lns, l1):
+        log = (inst.dir / "pppd.log").read_text()
+        assert "ACFC, PFC, VJ and CCP compression off on the kernel channel" in log, log[-1500:]
+        assert "compression enabled" not in log, log[-1500:]  # pppd's line for Deflate, BSD-Compress, VJ
+    ok, out = ping(l1.ns, "10.99.100.1", count=10, size=1200)
+    assert ok, out
+    got = iperf_client_both_ways(lab, l1, seconds=3)
+    assert min(got) > 1_000_000, got  # bytes: the transfer ran, both ways (the ratio is make bench's)
+
+
+def iperf_client_both_ways(lab: Lab, l1, seconds: int) -> list[int]:
+    with iperf_server(lab.lns.ns, "10.99.100.1"):
+        return [iperf_client(l1.ns, "10.99.100.1", seconds, reverse=r)["bytes"] for r in (False, True)]
+
+
+@pytest.mark.parametrize("shape", ["1701", "hosts"])
+def test_l2tp_ipsec_offloaded_on_both_sides_leaves_nothing_in_cleartext(make_lab, shape):
+    """Transport-mode ESP between LNS and LAC with policies on UDP/1701 (as
+    strongSwan's leftprotoport=17/1701) or on the host pair: the tunnel's
+    socket is on UDP/1701 like xl2tpd's own, so the policies select the
+    kernel's data packets too; the relayed control packets reach xl2tpd."""
+    lab = make_lab()
+    l1 = lab.lacs[0]
+    esp(lab.lns.ns, "10.99.1.1", l1.ns, "10.99.1.2", shape)
+    wire_counter(lab.lns.ns, "l1")
+    wire_counter(l1.ns, "v0")
+    offload_one(lab)
+    got = iperf_client_both_ways(lab, l1, seconds=3)
+    assert min(got) > 1_000_000, got
+    for ns in (lab.lns.ns, l1.ns):
+        c = wire_counts(ns)
+        assert c["cleartext"] == 0 and c["esp"] > 1000, (ns, c)
+        assert xfrm_stat(ns, "XfrmInTmplMismatch") == 0 and xfrm_stat(ns, "XfrmInNoPols") == 0
+    assert lab.serve_status(lab.lns)["datapath"]["relayed"] >= 1  # control reached xl2tpd through the relay
+
+
+def _transfer(ns: str, addr: str, seconds: int) -> subprocess.Popen:
+    return subprocess.Popen(["ip", "netns", "exec", ns, "iperf3", "-c", addr, "-p", str(IPERF_PORT), "-t",
+                             str(seconds), "-i", "0.5", "-J"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_a_firewall_flush_mid_transfer_costs_at_most_a_second(make_lab):
+    """Two tunnels from one LAC (one on xl2tpd's port, its twin steered by
+    nft); `nft flush ruleset` on both sides three seconds into 10 s
+    transfers through each: the native tunnel needs no rule, the twin's
+    steering is put back by the daemon; no 0.5 s interval after the first
+    second is empty but at most two (one second), and both transfers end."""
+    lab = make_lab(sections=2)
+    l1 = offload_one(lab, sections=2)
+    st = lab.serve_status(lab.lns)
+    assert sorted(t["steered"] for t in st["tunnels"]) == [False, True], st["tunnels"]
+    addrs = sorted(ppp_peer_addrs(lab.lns.ns).values())
+    with contextlib.ExitStack() as servers:
+        for a in addrs:
+            servers.enter_context(iperf_server(l1.ns, a))
+        runs = [_transfer(lab.lns.ns, a, 10) for a in addrs]
+        time.sleep(3)
+        for ns in (lab.lns.ns, l1.ns):
+            subprocess.run(["ip", "netns", "exec", ns, "nft", "flush", "ruleset"], check=True)
+        outs = [r.communicate(timeout=60) for r in runs]
+    for (out, err), addr in zip(outs, addrs):
+        doc = json.loads(out)
+        assert "error" not in doc, (addr, doc.get("error"), err)
+        rates = [i["sum"]["bits_per_second"] for i in doc["intervals"]]
+        empty = [n for n, r in enumerate(rates) if r < 1000 and n >= 2]
+        assert len(empty) <= 2, (addr, rates)
+        assert doc["end"]["sum_received"]["bytes"] > 1_000_000, addr
+    for inst in (lab.lns, l1):
+        assert lab.serve_status(inst)["datapath"]["steering_restored"] >= 1
+    ok, out = ping(l1.ns, "10.99.100.1")
+    assert ok, out

@@ -68,6 +68,8 @@ class DataPath(Protocol):
 
     def open(self, local: str, peer: str, peer_port: int, tunnel_id: int, twin: bool) -> socket.socket: ...
 
+    def attach(self, sock: socket.socket) -> None: ...
+
     def adopt(self, sock: socket.socket, tunnel_id: int) -> None: ...
 
     def close_tunnel(self, sock: socket.socket, tunnel_id: int) -> None: ...
@@ -302,11 +304,17 @@ class KernelDataPath:
             raise
         return s
 
+    def attach(self, sock: socket.socket) -> None:
+        """Relay ``sock`` (a tunnel socket taken back at start, before the
+        reconcile decides about it: what waits in it is xl2tpd's anyway)."""
+        self.relay.attach(sock)
+
     def adopt(self, sock: socket.socket, tunnel_id: int) -> None:
-        """A tunnel socket taken back after a restart: relay it (and steer, for a twin)."""
+        """A tunnel socket taken back after a restart: relay it, and count a
+        twin's steering (settle() writes the table for all at once)."""
         local, port, peer, peer_port = key_of(sock)
         if port != self.l2tp_port:
-            self.steering.add(Twin(local, port, peer, peer_port, tunnel_id))
+            self.steering.hold(Twin(local, port, peer, peer_port, tunnel_id))
         self.relay.attach(sock)
 
     def close_tunnel(self, sock: socket.socket, tunnel_id: int) -> None:
@@ -383,6 +391,9 @@ class NullDataPath:
         s.connect(("127.0.0.1", 9))
         self.tunnels[tunnel_id] = (twin, s)
         return s
+
+    def attach(self, sock: socket.socket) -> None:
+        pass
 
     def adopt(self, sock: socket.socket, tunnel_id: int) -> None:
         self.tunnels[tunnel_id] = (False, sock)

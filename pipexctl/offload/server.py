@@ -261,9 +261,12 @@ class OffloadServer:
         return s
 
     def serve_forever(self) -> None:
+        early = self._relay_recorded()
         with self.lock:
             with self.dlock:
                 self.d.refresh(events=False)  # the state is reconciled as a whole just below
+            for sock in early:
+                self.datapath.release(sock)  # the reconcile takes back what it adopts
             self.reconcile_state()
         srv = self._listen()
         watcher = threading.Thread(target=self._watch, name="discovery", daemon=True)
@@ -282,6 +285,27 @@ class OffloadServer:
             except OSError:
                 pass
             self.shutdown()
+
+    def _relay_recorded(self) -> list[socket.socket]:
+        """Relay the recorded tunnels' sockets at once, taken back from their
+        pppds, before discovery's first read (slow with a long log): control
+        packets that waited in them while no daemon ran reach xl2tpd before
+        its retransmissions run out (about 31 s).  Nothing else is decided
+        here; the state file is read again, and judged, by the reconcile."""
+        try:
+            with open(self.state_path, "rb") as f:
+                state = statefile.State.model_validate_json(f.read(16 * 1024 * 1024))
+        except (OSError, ValueError):
+            return []
+        socks = []
+        for t in state.tunnels:
+            for r in t.sessions:
+                sock = take_udp_socket(r.pppd_pid, (t.local, t.local_port), (t.peer, t.peer_port))
+                if sock is not None:
+                    self.datapath.attach(sock)
+                    socks.append(sock)
+                    break
+        return socks
 
     def shutdown(self) -> None:
         with self._mlock:

@@ -97,6 +97,12 @@ class Steering:
                     del self.twins[key]
                     raise
 
+    def hold(self, twin: Twin) -> None:
+        """Count a twin as held without writing (adoption): settle() then
+        writes the table for all of them in one transaction."""
+        with self._lock:
+            self.twins[(twin.local, twin.private_port)] = twin
+
     def remove(self, twin: Twin) -> None:
         with self._lock:
             if self.twins.pop((twin.local, twin.private_port), None) is None:

@@ -93,7 +93,13 @@ def test_l2tp_ipsec_offloaded_on_both_sides_leaves_nothing_in_cleartext(make_lab
         c = wire_counts(ns)
         assert c["cleartext"] == 0 and c["esp"] > 1000, (ns, c)
         assert xfrm_stat(ns, "XfrmInTmplMismatch") == 0 and xfrm_stat(ns, "XfrmInNoPols") == 0
-    assert lab.serve_status(lab.lns)["datapath"]["relayed"] >= 1  # control reached xl2tpd through the relay
+    # the LAC hangs up: its CDN and StopCCN, in ESP, reach the LNS's xl2tpd through the relay
+    relayed = lab.serve_status(lab.lns)["datapath"]["relayed"]
+    lab.disconnect(l1)
+    wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [] == ip_l2tp(l1.ns, "tunnel"), "both tunnels closed",
+               detail=lab.tails)
+    assert lab.serve_status(lab.lns)["datapath"]["relayed"] > relayed
+    assert wire_counts(lab.lns.ns)["cleartext"] == 0 == wire_counts(l1.ns)["cleartext"]
 
 
 def _transfer(ns: str, addr: str, seconds: int) -> subprocess.Popen:

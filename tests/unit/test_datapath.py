@@ -110,3 +110,18 @@ def test_a_flushed_table_is_put_back_whole_by_check_and_by_the_next_add():
     nft.table = False
     st.add(TWINS[1])  # the element add fails, the whole table is written
     assert nft.table and "4660" in nft.ran[-1] and "4661" in nft.ran[-1]
+
+
+def test_adopted_twins_are_written_in_one_transaction_by_settle():
+    """After a restart every adopted twin's elements go in with the table in
+    one nft transaction: none of them is ever without its steering."""
+    nft = FakeNft()
+    st = steering.Steering(nft)
+    for t in TWINS:
+        st.hold(t)
+    assert nft.ran == []
+    st.settle()
+    assert len(nft.ran) == 1 and "4660" in nft.ran[0] and "4661" in nft.ran[0] and "flush table" in nft.ran[0]
+    st2 = steering.Steering(nft)
+    st2.settle()  # nothing held (none adopted): the stale table goes
+    assert "delete table ip pipexctl" in nft.ran[-1] and not nft.table

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -137,4 +138,38 @@ def test_a_firewall_flush_mid_transfer_costs_at_most_a_second(make_lab):
     for inst in (lab.lns, l1):
         assert lab.serve_status(inst)["datapath"]["steering_restored"] >= 1
     ok, out = ping(l1.ns, "10.99.100.1")
+    assert ok, out
+
+
+def test_a_daemon_outage_keeps_both_calls_and_queued_control_reaches_xl2tpd_after_the_restart(make_lab):
+    """kill -9 of the LNS daemon with a tunnel on xl2tpd's port and its
+    twin up: both calls keep carrying data (pppd holds the sockets, the
+    twin's steering stays in the kernel).  While it is down the LAC hangs up
+    the twin: PPP's own Terminate ends the LNS pppd (and with it the twin's
+    kernel objects), but xl2tpd learns of the tunnel's end only from the
+    LAC's StopCCN, which waits in the first tunnel's socket; once the daemon
+    is back (15 s later) the relay hands it over and xl2tpd closes the
+    tunnel.  The other call is adopted and still carries data."""
+    lab = make_lab(sections=2)
+    l1 = offload_one(lab, sections=2)
+    (twin,) = [t["tunnel_id"] for t in lab.serve_status(lab.lns)["tunnels"] if t["steered"]]
+    (srv,) = [p for p in lab.serves if lab.serve_socket(lab.lns) in p.args]
+    os.killpg(srv.pid, 9)
+    srv.wait(10)
+    for addr in ppp_peer_addrs(lab.lns.ns).values():
+        ok, out = ping(lab.lns.ns, addr)
+        assert ok, (addr, out)
+    closed = re.compile(rf"Connection closed to 10\.99\.1\.2, port 1701 \(.*\), Local: {twin}, ")
+    lab.disconnect(l1, lab.section_names()[1])
+    time.sleep(15)
+    assert not closed.search(lab.lns.log.read_text())  # the StopCCN waits in the tunnel socket
+    lab.serve(lab.lns)
+    wait_until(lambda: closed.search(lab.lns.log.read_text()), "xl2tpd closed the twin once its StopCCN was relayed",
+               timeout=30, detail=lab.tails)
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "tunnel")) == 1 == len(ip_l2tp(lab.lns.ns, "session")),
+               "one tunnel and call left", detail=lab.tails)
+    st = lab.serve_status(lab.lns)
+    assert st["reconcile"]["adopted_sessions"] == 1 and st["datapath"]["relayed"] >= 1, st
+    (addr,) = ppp_peer_addrs(lab.lns.ns).values()
+    ok, out = ping(lab.lns.ns, addr, count=10, size=1200)
     assert ok, out

@@ -25,7 +25,7 @@ def test_unit_verifies(tmp_path):
 def test_unit_keeps_state_across_restarts_and_the_needed_capabilities():
     text = (ROOT / "systemd" / "pipexctl.service").read_text()
     assert "RuntimeDirectoryPreserve=yes" in text  # state.json survives a restart: adoption
-    assert "CAP_NET_ADMIN" in text and "CAP_SYS_PTRACE" in text
+    assert "CAP_NET_ADMIN" in text and "CAP_NET_RAW" in text and "CAP_SYS_PTRACE" in text
     # control-pipe reply FIFOs live in /tmp, where xl2tpd must see them
     assert not any(ln.startswith("PrivateTmp=") for ln in text.splitlines())
     mods = (ROOT / "systemd" / "pipexctl-modules.conf").read_text().split()

@@ -8,6 +8,8 @@ exits with ``error.exit_code``.
 from __future__ import annotations
 
 import errno as _errno
+import logging
+from typing import Callable, Optional
 
 
 class PipexError(Exception):
@@ -95,3 +97,13 @@ def _os_strerror(code: int) -> str:
     import os
 
     return os.strerror(code)
+
+
+def quietly(fn: Callable[[], object], log: Optional[logging.Logger] = None) -> None:
+    """Run ``fn`` for its effect on a cleanup path: a PipexError does not
+    stop the cleanup; it is logged as a warning on ``log`` (if given)."""
+    try:
+        fn()
+    except PipexError as e:
+        if log is not None:
+            log.warning("%s", e)

@@ -119,11 +119,11 @@ class Orchestrator:
                     finally:
                         ch.close()
             except BaseException:
-                _quiet(lambda: self.backend.session_delete(session.tunnel_id, session.session_id))
+                errors.quietly(lambda: self.backend.session_delete(session.tunnel_id, session.session_id))
                 raise
         except BaseException:
             if created:
-                _quiet(lambda: self.backend.tunnel_delete(kt.tunnel_id))
+                errors.quietly(lambda: self.backend.tunnel_delete(kt.tunnel_id))
             raise
         return AddSessionResult(kt, ks, created, channel_index)
 
@@ -212,13 +212,6 @@ def _meta(t: Tunnel, s: Session, channel: int) -> dict:
 
 def meta_bytes(meta: dict) -> bytes:
     return json.dumps(meta, sort_keys=True).encode()
-
-
-def _quiet(fn: Callable[[], None]) -> None:
-    try:
-        fn()
-    except errors.PipexError:
-        pass
 
 
 def _first_error(e: Exception) -> str:

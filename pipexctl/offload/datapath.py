@@ -235,7 +235,7 @@ class Relay:
         self.sel.close()
 
     def _drain(self, sock: socket.socket, key: Key) -> None:
-        local, _, peer, peer_port = key
+        _, _, peer, peer_port = key
         for _ in range(64):  # then let the other sockets have a turn
             try:
                 data = sock.recv(MAX_DATAGRAM)
@@ -247,7 +247,7 @@ class Relay:
                     log.warning("relay: reading the tunnel socket to %s:%d: %s", peer, peer_port, e.strerror)
                     self.errors += 1
                 continue
-            self._hand_over(data, local, peer, peer_port)
+            self._hand_over(data, peer, peer_port)
 
     def _xl2tpd_address(self) -> Optional[str]:
         """xl2tpd's listening address, read again at most once a second
@@ -258,11 +258,11 @@ class Relay:
                 self._target = (now, xl2tpd_address(self.l2tp_port))
         return self._target[1]
 
-    def _hand_over(self, data: bytes, local: str, peer: str, peer_port: int) -> None:
+    def _hand_over(self, data: bytes, peer: str, peer_port: int) -> None:
         target = self._xl2tpd_address()
         try:
             if l2tp_tunnel_id(data) != 0:
-                self.out.sendto(data, (local if target not in (None, "0.0.0.0") else "127.0.0.1", self.l2tp_port))
+                self.out.sendto(data, ("127.0.0.1" if target in (None, "0.0.0.0") else target, self.l2tp_port))
             elif target == "0.0.0.0" and self.raw is not None:
                 self.raw.sendto(udp_packet((peer, peer_port), ("127.0.0.1", self.l2tp_port), data), ("127.0.0.1", 0))
             else:
@@ -326,7 +326,7 @@ class KernelDataPath:
             return
         self.relay.detach((local, port, peer, peer_port))
         if port != self.l2tp_port:
-            self._quiet(lambda: self.steering.remove(Twin(local, port, peer, peer_port, tunnel_id)))
+            errors.quietly(lambda: self.steering.remove(Twin(local, port, peer, peer_port, tunnel_id)), log)
         sock.close()
 
     def release(self, sock: socket.socket) -> None:
@@ -339,10 +339,10 @@ class KernelDataPath:
         sock.close()
 
     def check(self) -> None:
-        self._quiet(self.steering.check)
+        errors.quietly(self.steering.check, log)
 
     def settle(self) -> None:
-        self._quiet(self.steering.settle)
+        errors.quietly(self.steering.settle, log)
 
     def stats(self) -> dict:
         r = self.relay
@@ -351,13 +351,6 @@ class KernelDataPath:
 
     def close(self) -> None:
         self.relay.close()
-
-    @staticmethod
-    def _quiet(fn) -> None:
-        try:
-            fn()
-        except errors.PipexError as e:
-            log.warning("%s", e)
 
 
 def _udp_socket(local: str, port: int, peer: str, peer_port: int) -> socket.socket:

@@ -674,7 +674,7 @@ class OffloadServer:
                 ch.close()
             ts.records.pop(call.call_id, None)
             if session_made:
-                self._quiet(lambda: self.backend.session_delete(ts.tunnel_id, call.call_id))
+                errors.quietly(lambda: self.backend.session_delete(ts.tunnel_id, call.call_id), log)
             if new_tunnel:
                 self._drop_tunnel(key, "offload failed", sync=False)
             raise
@@ -742,13 +742,6 @@ class OffloadServer:
         log.info("tunnel %d removed (%s)", ts.tunnel_id, reason)
         if sync:
             self._save()
-
-    @staticmethod
-    def _quiet(fn) -> None:
-        try:
-            fn()
-        except errors.PipexError as e:
-            log.warning("%s", e)
 
     @staticmethod
     def _gone_ok(fn) -> None:

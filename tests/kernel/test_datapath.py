@@ -10,6 +10,7 @@ under transport-mode ESP on UDP/1701 nothing crosses the wire in cleartext
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import subprocess
@@ -47,21 +48,26 @@ def l2tp(t_bit: bool, tunnel: int, session: int) -> bytes:
     return struct.pack("!HHH", 0x0002, tunnel, session) + b"\xff\x03\xc0\x21"
 
 
-@pytest.fixture
-def side(pair):
-    """ns a: the xl2tpd stand-in on 0.0.0.0:1701 and a tunnel socket to b's
-    10.98.0.2:1701, relayed; ns b: the peer's socket on 1701."""
-    xl = udp(pair.a, ("0.0.0.0", 1701))
+@contextlib.contextmanager
+def relayed(pair, xl2tpd_addr: str):
+    """ns a: the xl2tpd stand-in on ``xl2tpd_addr``:1701 and a tunnel socket
+    to b's 10.98.0.2:1701, relayed; ns b: the peer's socket on 1701."""
+    xl = udp(pair.a, (xl2tpd_addr, 1701))
     dp = KernelDataPath(netns=pair.a)
-    local = dp.local_for(pair.B4, 1701)
-    tsock = dp.open(local, pair.B4, 1701, 100, twin=False)
+    tsock = dp.open(dp.local_for(pair.B4, 1701), pair.B4, 1701, 100, twin=False)
     peer = udp(pair.b, (pair.B4, 1701))
     try:
-        yield pair, xl, dp, tsock, peer
+        yield xl, dp, tsock, peer
     finally:
         dp.close()
         for s in (xl, tsock, peer):
             s.close()
+
+
+@pytest.fixture
+def side(pair):
+    with relayed(pair, "0.0.0.0") as sockets:
+        yield (pair, *sockets)
 
 
 def test_the_relay_hands_xl2tpd_what_the_tunnel_socket_receives(side):
@@ -86,11 +92,7 @@ def test_the_relay_hands_xl2tpd_what_the_tunnel_socket_receives(side):
 
 
 def test_an_xl2tpd_on_one_address_gets_known_tunnels_and_a_twin_sccrq_is_dropped_with_a_reason(pair):
-    xl = udp(pair.a, (pair.A4, 1701))
-    dp = KernelDataPath(netns=pair.a)
-    tsock = dp.open(pair.A4, pair.B4, 1701, 100, twin=False)
-    peer = udp(pair.b, (pair.B4, 1701))
-    try:
+    with relayed(pair, pair.A4) as (xl, dp, tsock, peer):
         peer.sendto(l2tp(True, 100, 0), (pair.A4, 1701))
         assert xl.recvfrom(100)[0] == l2tp(True, 100, 0)
         peer.sendto(l2tp(True, 0, 0), (pair.A4, 1701))
@@ -99,10 +101,6 @@ def test_an_xl2tpd_on_one_address_gets_known_tunnels_and_a_twin_sccrq_is_dropped
         with pytest.raises(TimeoutError):
             xl.recvfrom(100)
         assert dp.relay.relayed == 1
-    finally:
-        dp.close()
-        for s in (xl, tsock, peer):
-            s.close()
 
 
 def test_through_a_kernel_tunnel_control_and_unknown_sessions_go_to_xl2tpd(side):

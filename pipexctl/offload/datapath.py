@@ -220,15 +220,20 @@ class Relay:
 
     def _run(self) -> None:
         while not self._stop:
-            self._apply_pending()
-            for k, _ in self.sel.select(5):
-                if k.data is None:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                    continue
-                self._drain(k.fileobj, k.data)
+            try:
+                self._apply_pending()
+                for k, _ in self.sel.select(5):
+                    if k.data is None:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                        continue
+                    self._drain(k.fileobj, k.data)
+            except Exception:  # the tunnels' control depends on this thread: never let it die
+                self.errors += 1
+                log.exception("relay: unexpected error; relaying on")
+                time.sleep(0.1)
         for k in list(self.sel.get_map().values()):
             if k.data is not None:
                 k.fileobj.close()

@@ -44,8 +44,11 @@ def _ppp_up(ns: str) -> int:
     return len(ppp_inet_links(ns))
 
 
-def _quiet(inst_objects: dict) -> bool:
-    return all(v == 0 for k, v in inst_objects.items() if k != "tunnels")
+def _no_calls(inst_objects: dict) -> bool:
+    """No call left in the kernel: tunnels may stay (xl2tpd keeps them), and
+    with them the steering of twins (a second tunnel per address pair)."""
+    o = inst_objects
+    return all(v == 0 for k, v in o.items() if k not in ("tunnels", "nft_rules")) and (o["tunnels"] or not o["nft_rules"])
 
 
 def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=None,
@@ -108,7 +111,7 @@ def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=N
             else:
                 for pid in lab.pppds(lab.lns):
                     os.kill(pid, signal.SIGKILL)
-            _wait(lambda: all(_quiet(kernel_objects(i.ns)) for i in insts) and not lab.pppds(lab.lns)
+            _wait(lambda: all(_no_calls(kernel_objects(i.ns)) for i in insts) and not lab.pppds(lab.lns)
                   and not any(lab.pppds(lac) for lac in lab.lacs), f"round {r} ({kind}): everything gone", lab, 180)
             if kind == "lns-hangup":
                 # the LACs then drop the tunnels left without calls: a new call on

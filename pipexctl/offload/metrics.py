@@ -31,7 +31,7 @@ def families(m: dict) -> Iterator:
     yield CounterMetricFamily("pipexctl_offloads_removed", "Offloads removed when their call ended",
                               value=o["removed"])
     for kind, help_ in (("refused", "Channel requests refused, by reason"),
-                        ("failed", "Offloads that failed in the kernel or nftables, by reason")):
+                        ("failed", "Offloads that failed in the kernel, a socket or nftables, by reason")):
         c = CounterMetricFamily(f"pipexctl_offload_{kind}", help_, labels=["reason"])
         for reason, n in o[kind].items():
             c.add_metric([reason], n)
@@ -63,6 +63,16 @@ def families(m: dict) -> Iterator:
     yield g
     yield GaugeMetricFamily("pipexctl_kernel_readable", "1 when the last scrape read the kernel's counters",
                             value=0 if m["kernel_error"] else 1)
+    dp = m["datapath"]
+    yield CounterMetricFamily("pipexctl_relayed_packets", "Packets the kernel passed up on tunnel sockets (L2TP "
+                              "control, data of calls on their pty) handed to xl2tpd", value=dp["relayed"])
+    yield CounterMetricFamily("pipexctl_relay_dropped_packets", "SCCRQs that could not reach xl2tpd with their "
+                              "source (xl2tpd listens on one address)", value=dp["dropped"])
+    yield CounterMetricFamily("pipexctl_relay_errors", "Relay reads or writes that failed", value=dp["errors"])
+    yield GaugeMetricFamily("pipexctl_twin_tunnels", "Tunnels steered by nft: a second tunnel from the same peer "
+                            "address and port", value=dp["twins"])
+    yield CounterMetricFamily("pipexctl_steering_restored", "Times the twins' nft table was written again after "
+                              "it vanished (a firewall reload)", value=dp["steering_restored"])
 
 
 class ServeCollector(Collector):

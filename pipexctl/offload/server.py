@@ -820,4 +820,5 @@ class OffloadServer:
             "sessions_not_listed": {"count": len(rest), **{f: sum(getattr(s.stats, f) for s in rest) for f in fields}},
             "channel_latency_ms": _percentiles([x * 1000 for x in self._latencies()]),
             "kernel_error": error,
+            "datapath": self.datapath.stats(),
         }

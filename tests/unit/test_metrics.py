@@ -98,6 +98,8 @@ def test_prometheus_text_parses_and_carries_the_numbers(srv):
                                                     ("tunnel_id", "100")))] == 1234
     assert val[("pipexctl_calls", (("data_path", "kernel"), ("role", "lns")))] == 3
     assert val[("pipexctl_kernel_readable", ())] == 1
+    assert val[("pipexctl_relayed_packets_total", ())] == 0 and val[("pipexctl_twin_tunnels", ())] == 0
+    assert val[("pipexctl_steering_restored_total", ())] == 0
 
 
 @pytest.mark.parametrize("text,want", [(":9469", ("0.0.0.0", 9469)), ("127.0.0.1:80", ("127.0.0.1", 80)),

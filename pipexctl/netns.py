@@ -44,6 +44,11 @@ def enter(name: str):
         os.close(target)
 
 
+def maybe_enter(name: str | None):
+    """``enter(name)``, or nothing to do for None (this namespace)."""
+    return enter(name) if name else contextlib.nullcontext()
+
+
 def run(cmd: list[str], ns: str | None = None, check: bool = True, **kw) -> subprocess.CompletedProcess:
     argv = (["ip", "netns", "exec", ns] if ns else []) + cmd
     return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)

@@ -13,7 +13,7 @@ import pytest
 
 from pipexctl import errors
 from pipexctl.offload import steering
-from pipexctl.offload.datapath import MAX_DATAGRAM, l2tp_tunnel_id, udp_packet, xl2tpd_address
+from pipexctl.offload.relay import MAX_DATAGRAM, l2tp_tunnel_id, udp_packet, xl2tpd_address
 from pipexctl.offload.steering import Twin
 
 

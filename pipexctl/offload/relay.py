@@ -1,0 +1,233 @@
+"""The relay: hands what the kernel passes up on tunnel sockets to xl2tpd.
+
+xl2tpd in userspace mode reads only its own listening socket, so what the
+kernel L2TP code passes up on a tunnel's socket (control packets, data of a
+call still on its pty) is handed to it through the loopback:
+
+- a packet of a known tunnel (tunnel id not 0) is sent from a relay socket
+  on 127.0.0.1: xl2tpd finds the tunnel by its id and never looks at the
+  source of a known tunnel's packets, and the copy cannot land on the
+  tunnel's socket again (it does not come from PEER:PORT);
+- a packet with tunnel id 0 (SCCRQ: a second tunnel from the same PEER:PORT)
+  must keep its source, because xl2tpd records it as the new tunnel's peer.
+  It is written with a raw socket, source PEER:PORT, to 127.0.0.1, where
+  only xl2tpd's wildcard socket listens.  An xl2tpd bound to one address
+  (``listen-addr``) cannot be reached that way without the copy landing on
+  the tunnel's socket again: such a packet is dropped with a warning, and
+  the peer's retransmission gets through once the first tunnel is gone.
+
+Copies go through ``lo``, where the kernel skips IPsec policy checks
+(``disable_policy``), so a decrypted packet's copy is not refused for lack
+of ESP.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from typing import Optional
+
+from .. import netns as _netns
+
+log = logging.getLogger("pipexctl.serve")
+
+MAX_DATAGRAM = 65535
+L2TP_FLAG_L = 0x4000
+L2TP_VERSION_MASK = 0x000F
+
+Key = tuple[str, int, str, int]  # local address and port, peer address and port
+
+
+def key_of(sock: socket.socket) -> Key:
+    return (*sock.getsockname(), *sock.getpeername())
+
+
+def udp_packet(src: tuple[str, int], dst: tuple[str, int], payload: bytes) -> bytes:
+    """An IPv4 + UDP datagram for a raw ``IPPROTO_RAW`` socket (pure).
+
+    The kernel fills in the IP checksum, and the id when it is 0; the UDP
+    checksum is 0 (none), as xl2tpd's own packets carry."""
+    length = 8 + len(payload)
+    if 20 + length > MAX_DATAGRAM:
+        raise ValueError(f"datagram of {length} bytes does not fit in IPv4")
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + length, 0, 0x4000, 64, socket.IPPROTO_UDP, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    return ip + struct.pack("!HHHH", src[1], dst[1], length, 0) + payload
+
+
+def l2tp_tunnel_id(packet: bytes) -> Optional[int]:
+    """The tunnel id of an L2TPv2 packet, or None if it is not one (pure)."""
+    if len(packet) < 6:
+        return None
+    flags = struct.unpack_from("!H", packet)[0]
+    if flags & L2TP_VERSION_MASK != 2:
+        return None
+    off = 4 if flags & L2TP_FLAG_L else 2
+    return struct.unpack_from("!H", packet, off)[0] if len(packet) >= off + 2 else None
+
+
+def xl2tpd_address(l2tp_port: int, proc_net_udp: str = "/proc/thread-self/net/udp") -> Optional[str]:
+    """The address xl2tpd's listening socket is bound to in this namespace
+    ("0.0.0.0" for every address), from the unconnected UDP sockets on
+    ``l2tp_port``; None when there is none."""
+    found = None
+    try:
+        with open(proc_net_udp) as f:
+            next(f, None)
+            for line in f:
+                cols = line.split()
+                local, remote = cols[1], cols[2]
+                addr, port = local.split(":")
+                if int(port, 16) != l2tp_port or remote != "00000000:0000":
+                    continue
+                a = socket.inet_ntoa(struct.pack("<I", int(addr, 16)))
+                if a == "0.0.0.0":
+                    return a
+                found = a
+    except OSError:
+        return None
+    return found
+
+
+class Relay:
+    """Hands what the kernel passes up on tunnel sockets to xl2tpd (one thread)."""
+
+    def __init__(self, l2tp_port: int = 1701, netns: Optional[str] = None) -> None:
+        self.l2tp_port, self.netns = l2tp_port, netns
+        with _netns.maybe_enter(netns):
+            self.out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self.out.bind(("127.0.0.1", 0))
+            try:
+                self.raw: Optional[socket.socket] = socket.socket(socket.AF_INET, socket.SOCK_RAW,
+                                                                  socket.IPPROTO_RAW)
+            except PermissionError:
+                self.raw = None  # no CAP_NET_RAW: a twin's SCCRQ cannot keep its source
+                log.warning("relay: no raw socket (CAP_NET_RAW); an SCCRQ from the peer of an offloaded tunnel "
+                            "will not reach xl2tpd until that tunnel ends")
+        self.sel = selectors.DefaultSelector()  # epoll: no fd-number limit
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, Optional[socket.socket], Key]] = []
+        self._target: tuple[float, Optional[str]] = (0.0, None)  # when read, xl2tpd's address
+        self._warned: dict[tuple[str, int], float] = {}  # (peer, port) -> when its dropped SCCRQ was last logged
+        self.relayed = 0
+        self.dropped = 0
+        self.errors = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="relay", daemon=True)
+        self._thread.start()
+
+    def attach(self, sock: socket.socket) -> None:
+        self._change(("add", sock.dup(), key_of(sock)))
+
+    def detach(self, key: Key) -> None:
+        self._change(("del", None, key))
+
+    def close(self) -> None:
+        self._stop = True
+        self._kick()
+        self._thread.join(5)
+        for s in (self.out, self.raw):
+            if s is not None:
+                s.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _change(self, change) -> None:
+        with self._lock:
+            self._pending.append(change)
+        self._kick()
+
+    def _kick(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already awake
+
+    def _apply_pending(self) -> None:
+        with self._lock:
+            todo, self._pending = self._pending, []
+        for op, sock, key in todo:
+            self._drop(key)  # a socket for the same addresses can only be a stale one
+            if op == "add":
+                sock.setblocking(False)
+                self.sel.register(sock, selectors.EVENT_READ, key)
+
+    def _drop(self, key: Key) -> None:
+        for k in list(self.sel.get_map().values()):
+            if k.data == key:
+                self.sel.unregister(k.fileobj)
+                k.fileobj.close()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                self._apply_pending()
+                for k, _ in self.sel.select(5):
+                    if k.data is None:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                        continue
+                    self._drain(k.fileobj, k.data)
+            except Exception:  # the tunnels' control depends on this thread: never let it die
+                self.errors += 1
+                log.exception("relay: unexpected error; relaying on")
+                time.sleep(0.1)
+        for k in list(self.sel.get_map().values()):
+            if k.data is not None:
+                k.fileobj.close()
+        self.sel.close()
+
+    def _drain(self, sock: socket.socket, key: Key) -> None:
+        _, _, peer, peer_port = key
+        for _ in range(64):  # then let the other sockets have a turn
+            try:
+                data = sock.recv(MAX_DATAGRAM)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                # an ICMP error is reported on a connected UDP socket: read on
+                if e.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                    log.warning("relay: reading the tunnel socket to %s:%d: %s", peer, peer_port, e.strerror)
+                    self.errors += 1
+                continue
+            self._hand_over(data, peer, peer_port)
+
+    def _xl2tpd_address(self) -> Optional[str]:
+        """xl2tpd's listening address, read again at most once a second
+        (the table is long with many tunnels)."""
+        now = time.monotonic()
+        if now - self._target[0] > 1.0:
+            with _netns.maybe_enter(self.netns):
+                self._target = (now, xl2tpd_address(self.l2tp_port))
+        return self._target[1]
+
+    def _hand_over(self, data: bytes, peer: str, peer_port: int) -> None:
+        target = self._xl2tpd_address()
+        try:
+            if l2tp_tunnel_id(data) != 0:
+                self.out.sendto(data, ("127.0.0.1" if target in (None, "0.0.0.0") else target, self.l2tp_port))
+            elif target == "0.0.0.0" and self.raw is not None:
+                self.raw.sendto(udp_packet((peer, peer_port), ("127.0.0.1", self.l2tp_port), data), ("127.0.0.1", 0))
+            else:
+                self.dropped += 1
+                # a peer (or a forger of its address) decides how often: one line a minute per peer
+                if time.monotonic() - self._warned.get((peer, peer_port), -60.0) >= 60.0:
+                    self._warned[(peer, peer_port)] = time.monotonic()
+                    log.warning("relay: an SCCRQ from %s:%d (an offloaded tunnel's peer address and port) cannot "
+                                "reach xl2tpd with its source: xl2tpd listens on %s only, not on every address; "
+                                "dropped (the peer retries; %d dropped so far)", peer, peer_port, target, self.dropped)
+                return
+            self.relayed += 1
+        except (OSError, ValueError) as e:
+            self.errors += 1
+            log.warning("relay: cannot hand a %d-byte packet from %s:%d to xl2tpd: %s", len(data), peer, peer_port, e)

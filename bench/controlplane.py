@@ -159,17 +159,13 @@ def rss_child(n: int) -> int:
 
     # the modules a `pipexctl serve` process has loaded (not prometheus_client:
     # --metrics is optional), so that the RSS is the daemon's
-    for m in ("pipexctl.cli", "pipexctl.offload.steering", "pipexctl.kernel.netlink"):
+    for m in ("pipexctl.cli", "pipexctl.offload.datapath", "pipexctl.kernel.netlink"):
         importlib.import_module(m)
     from pipexctl.discovery.discovery import Discovery
     from pipexctl.kernel.backend import NullBackend
+    from pipexctl.offload.datapath import KernelDataPath
     from pipexctl.offload.server import OffloadServer, TunnelState
     from pipexctl.offload.statefile import SessionRecord
-    from pipexctl.offload.steering import Steer
-
-    class NoNft:
-        def apply(self, doc: dict) -> None:
-            pass
 
     d = tempfile.mkdtemp()
     log = Path(d, "xl2tpd.log")
@@ -188,16 +184,18 @@ def rss_child(n: int) -> int:
     del lines  # the bench's, not the daemon's
     disc = Discovery([str(log)], proc=False, kernel=False)
     disc.refresh(control=False, events=False)  # as `pipexctl serve` starts
-    srv = OffloadServer(os.path.join(d, "s.sock"), disc, NullBackend(), NoNft(), state_path=os.path.join(d, "st"))
+    # the real data path (its relay thread and sockets), with no tunnel socket: what is measured is the
+    # daemon's own bookkeeping of n calls
+    srv = OffloadServer(os.path.join(d, "s.sock"), disc, NullBackend(), KernelDataPath(),
+                        state_path=os.path.join(d, "st"))
     for c in disc.tracker.calls():
         key = (c.instance, c.tunnel_id)
         ts = srv.tunnels.get(key)
         if ts is None:
             ts = srv.tunnels[key] = TunnelState(c.instance, c.tunnel_id, c.peer_tunnel_id, "10.99.0.1", c.peer,
-                                                1701, None, 40000)
-        ts.sessions[c.call_id] = Steer("10.99.0.1", c.peer, 1701, 40000, c.tunnel_id, c.call_id)
+                                                1701, None, 1701)
         ts.records[c.call_id] = SessionRecord(call_id=c.call_id, peer_call_id=c.peer_call_id, pppd_pid=c.pppd_pid)
-    tracked = sum(len(t.sessions) for t in srv.tunnels.values())
+    tracked = sum(len(t.records) for t in srv.tunnels.values())
     assert tracked == n, (tracked, n)
     srv._save()
     with open("/proc/self/status") as f:

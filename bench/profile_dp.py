@@ -174,7 +174,8 @@ def main() -> int:
     p.add_argument("--paused-daemons", type=int, default=0, metavar="RUNS",
                    help="only measure (d) with its daemons running and stopped, alternating, RUNS times each")
     p.add_argument("--steer-rules", type=int, default=0, metavar="RUNS",
-                   help="only measure (c) without and with (d)'s steering work in nft, alternating, RUNS times each")
+                   help="only measure (c) without and with the first data path's per-session nft steering work, "
+                        "alternating, RUNS times each")
     a = p.parse_args()
     out = Path(os.environ.get("PIPEXCTL_RESULTS", "."))
     if a.steer_rules:

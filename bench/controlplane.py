@@ -74,6 +74,19 @@ def tunnels(nl: L2tpNetlink, n: int) -> list[int]:
     return ids
 
 
+def delete_tunnels(nl: L2tpNetlink, ids: list[int], timeout: float = 120) -> None:
+    """Delete and wait until the kernel no longer lists them: Linux deletes a
+    tunnel in a work item, after its sessions, so the same id can be taken
+    again only then (creating it at once met EEXIST)."""
+    for t in ids:
+        nl.tunnel_delete(t)
+    end = time.monotonic() + timeout
+    while {t.tunnel_id for t in nl.tunnel_dump()} & set(ids):
+        if time.monotonic() > end:
+            raise RuntimeError(f"tunnels still listed {timeout:.0f} s after their delete")
+        time.sleep(0.1)
+
+
 def placement(n: int, tids: list[int]) -> list[tuple[int, int]]:
     return [(tids[i % len(tids)], i + 1) for i in range(n)]
 
@@ -290,15 +303,13 @@ def main() -> int:
                 res["as_shipped"] = {"rcu_expedited": before, "lib": lib_run(nl, placement(1000, one))}
             print("ppp, one tunnel, 1000, as shipped", round(res["as_shipped"]["lib"]["per_op_us"], 1), flush=True)
             phase("as_shipped")
-        for t in one:
-            nl.tunnel_delete(t)
+        delete_tunnels(nl, one)
         many = tunnels(nl, 1000)
         for n in [x for x in sizes if x <= a.many_max]:
             r = {"lib": lib_run(nl, placement(n, many))}
             res["many_tunnels"].append(r)
             print("ppp, 1000 tunnels", n, round(r["lib"]["per_op_us"], 1), flush=True)
-        for t in many:
-            nl.tunnel_delete(t)
+        delete_tunnels(nl, many)
         nl.close()
         phase("many_tunnels")
     res["serve_rss"] = []

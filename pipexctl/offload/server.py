@@ -13,8 +13,8 @@ SO_PEERCRED and matched to its xl2tpd call through discovery:
 Every step is undone if a later one fails.  pppd gets the PPPoL2TP socket
 and a copy of the tunnel's UDP socket, so the kernel session ends when pppd
 does and the tunnel outlives the daemon while any of its pppds runs.  When
-discovery reports the call or tunnel gone, the session, the rules and (with
-its last call) the tunnel are removed.
+discovery reports a call gone its session is removed; when it reports the
+tunnel gone, the kernel tunnel (and a twin's steering) too.
 
 What the daemon made is recorded in a state file (statefile.py).  A
 restart reconciles: it adopts the sessions of live calls (taking the tunnel

@@ -20,7 +20,7 @@ A file that cannot be read or does not validate is moved aside
 (``state.json.corrupt-<time>``) with a warning and treated as empty; it is
 never trusted and never a crash.  A version 1 file (written by the earlier
 data path: private ports and nft steering) is moved aside the same way, with
-what to do about the calls it names.
+what it means for the calls it names.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def load(path: str) -> tuple[State, Optional[str]]:
         try:
             doc = json.loads(raw.decode("utf-8"))
             if isinstance(doc, dict) and doc.get("version") == 1:
-                why = ("written by pipexctl's earlier data path (private ports, nft table ip pipexctl); its calls "
-                       "keep running until they end, then remove that table with 'nft delete table ip pipexctl'")
+                why = ("written by pipexctl's earlier data path (private ports, nft table ip pipexctl); this "
+                       "daemon replaces that table, so the calls it names carry no more data: hang them up")
             else:
                 return State.model_validate(doc), None
         except (ValueError, UnicodeDecodeError, ValidationError) as e:

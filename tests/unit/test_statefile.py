@@ -89,7 +89,7 @@ def test_a_file_of_the_earlier_data_path_is_moved_aside_with_what_to_do(tmp_path
     path = tmp_path / "state.json"
     path.write_text(json.dumps({"version": 1, "tunnels": [{"private_port": 40000}]}))
     state, warning = statefile.load(str(path))
-    assert state.tunnels == [] and "earlier data path" in warning and "nft delete table ip pipexctl" in warning
+    assert state.tunnels == [] and "earlier data path" in warning and "hang them up" in warning
     assert not path.exists() and any(p.name.startswith("state.json.corrupt-") for p in tmp_path.iterdir())
 
 

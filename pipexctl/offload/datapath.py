@@ -86,6 +86,8 @@ class KernelDataPath:
     def open(self, local: str, peer: str, peer_port: int, tunnel_id: int, twin: bool) -> socket.socket:
         """The tunnel's UDP socket, connected to PEER:PORT and relayed: on
         LOCAL:l2tp_port, or for a twin on a private port with its steering."""
+        if twin:
+            self._refuse_twin_under_ipsec(tunnel_id, peer, peer_port)
         with _netns.maybe_enter(self.netns):
             s = _udp_socket(local, self.l2tp_port if not twin else 0, peer, peer_port)
         try:
@@ -101,6 +103,25 @@ class KernelDataPath:
         """Relay ``sock`` (a tunnel socket taken back at start, before the
         reconcile decides about it: what waits in it is xl2tpd's anyway)."""
         self.relay.attach(sock)
+
+    def _refuse_twin_under_ipsec(self, tunnel_id: int, peer: str, peer_port: int) -> None:
+        """A twin's private port is chosen before the rewrite to 1701, so an
+        IPsec policy on UDP/1701 would not select its packets: with any
+        outbound policy configured (or when that cannot be read) a twin is
+        refused, and its calls stay on the pty, rather than leave in cleartext."""
+        import subprocess
+
+        cmd = (["ip", "-n", self.netns] if self.netns else ["ip"]) + ["xfrm", "policy", "list", "dir", "out"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            policies = r.stdout.strip() if r.returncode == 0 else f"unreadable: {r.stderr.strip()[:200]}"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            policies = f"unreadable: {e}"
+        if policies:
+            raise errors.ConflictError(
+                f"tunnel {tunnel_id} is a second tunnel from {peer}:{peer_port}, which needs a steered private "
+                f"port, and IPsec policies are configured ({'cannot tell' if policies.startswith('unreadable') else 'ip xfrm policy'}): "
+                f"a private port would escape a policy on UDP/1701, so its calls stay on the pty")
 
     def adopt(self, sock: socket.socket, tunnel_id: int) -> None:
         """A tunnel socket taken back after a restart: relay it, and count a

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from pipexctl import netns
+from pipexctl import errors, netns
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.model import TunnelSpec
 from pipexctl.offload.datapath import KernelDataPath
@@ -173,3 +173,14 @@ def test_under_esp_nothing_crosses_in_cleartext_and_the_relay_still_reaches_xl2t
     assert wire_counts(pair.a)["cleartext"] == 0 and wire_counts(pair.b)["cleartext"] == 0
     for ns in (pair.a, pair.b):
         assert xfrm_stat(ns, "XfrmInTmplMismatch") == 0 and xfrm_stat(ns, "XfrmInNoPols") == 0
+
+
+def test_a_twin_is_refused_while_ipsec_policies_are_configured(side):
+    """A twin's private port would escape a policy on UDP/1701 (its port is
+    rewritten after the policy lookup): refused, nothing opened or steered."""
+    pair, xl, dp, tsock, peer = side
+    esp(pair.a, pair.A4, pair.b, pair.B4, "1701")
+    with pytest.raises(errors.ConflictError, match="IPsec policies are configured"):
+        dp.open(pair.A4, pair.B4, 1701, 101, twin=True)
+    assert dp.steering.twins == {}
+    assert "pipexctl" not in sh("ip", "netns", "exec", pair.a, "nft", "list", "tables")

@@ -275,12 +275,15 @@ def send_fd(unix_path: str, fd: int, meta: bytes = b"{}", timeout: float = 5.0) 
         s.close()
 
 
-def udp_socket(local: tuple[str, int], remote: tuple[str, int]) -> socket.socket:
-    """A bound and connected UDP socket, as a managed tunnel needs."""
+def udp_socket(local: tuple[str, int], remote: tuple[str, int], no_check: bool = False) -> socket.socket:
+    """A bound and connected UDP socket, as a managed tunnel needs
+    (``no_check``: it sends without UDP checksums, SO_NO_CHECK)."""
     fam = socket.AF_INET6 if ipaddress.ip_address(local[0]).version == 6 else socket.AF_INET
     s = socket.socket(fam, socket.SOCK_DGRAM)
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if no_check:
+            s.setsockopt(socket.SOL_SOCKET, uapi.SO_NO_CHECK, 1)
         s.bind(local)
         s.connect(remote)
     except OSError as e:

@@ -102,6 +102,9 @@ PX_PROTO_PPTP = 2
 # linux/socket.h (SOL_PPPOL2TP lives there)
 SOL_PPPOL2TP = 273
 
+# asm-generic/socket.h: send UDP without checksums (xl2tpd's sockets do)
+SO_NO_CHECK = 11
+
 # linux/if_pppol2tp.h
 PPPOL2TP_SO_DEBUG = 1
 PPPOL2TP_SO_RECVSEQ = 2

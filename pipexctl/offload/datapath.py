@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
 from typing import Optional, Protocol
 
 from .. import errors, netns as _netns
+from ..kernel.pppol2tp import udp_socket
 from .relay import Relay, key_of
 from .steering import Nft, Steering, Twin
 
 log = logging.getLogger("pipexctl.serve")
 
-SO_NO_CHECK = 11  # asm-generic/socket.h
 
 
 class DataPath(Protocol):
@@ -89,13 +90,14 @@ class KernelDataPath:
         if twin:
             self._refuse_twin_under_ipsec(tunnel_id, peer, peer_port)
         with _netns.maybe_enter(self.netns):
-            s = _udp_socket(local, self.l2tp_port if not twin else 0, peer, peer_port)
+            # no UDP checksums, like xl2tpd's own sockets
+            s = udp_socket((local, self.l2tp_port if not twin else 0), (peer, peer_port), no_check=True)
         try:
             if twin:
                 self.steering.add(Twin(local, s.getsockname()[1], peer, peer_port, tunnel_id))
             self.relay.attach(s)
         except BaseException:
-            s.close()
+            self.close_tunnel(s, tunnel_id)  # a twin's elements too, if they went in
             raise
         return s
 
@@ -109,8 +111,6 @@ class KernelDataPath:
         IPsec policy on UDP/1701 would not select its packets: with any
         outbound policy configured (or when that cannot be read) a twin is
         refused, and its calls stay on the pty, rather than leave in cleartext."""
-        import subprocess
-
         cmd = (["ip", "-n", self.netns] if self.netns else ["ip"]) + ["xfrm", "policy", "list", "dir", "out"]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
@@ -118,10 +118,11 @@ class KernelDataPath:
         except (OSError, subprocess.TimeoutExpired) as e:
             policies = f"unreadable: {e}"
         if policies:
+            seen = "cannot tell" if policies.startswith("unreadable") else "ip xfrm policy"
             raise errors.ConflictError(
                 f"tunnel {tunnel_id} is a second tunnel from {peer}:{peer_port}, which needs a steered private "
-                f"port, and IPsec policies are configured ({'cannot tell' if policies.startswith('unreadable') else 'ip xfrm policy'}): "
-                f"a private port would escape a policy on UDP/1701, so its calls stay on the pty")
+                f"port, and IPsec policies are configured ({seen}): a private port would escape a policy on "
+                f"UDP/1701, so its calls stay on the pty")
 
     def adopt(self, sock: socket.socket, tunnel_id: int) -> None:
         """A tunnel socket taken back after a restart: relay it, and count a
@@ -165,21 +166,6 @@ class KernelDataPath:
 
     def close(self) -> None:
         self.relay.close()
-
-
-def _udp_socket(local: str, port: int, peer: str, peer_port: int) -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # no UDP checksums, like xl2tpd's own sockets (SO_NO_CHECK)
-        s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
-        s.bind((local, port))
-        s.connect((peer, peer_port))
-    except OSError as e:
-        s.close()
-        raise errors.SocketError(f"cannot open the tunnel socket {local}:{port} <-> {peer}:{peer_port}: "
-                                 f"{e.strerror}") from None
-    return s
 
 
 class NullDataPath:

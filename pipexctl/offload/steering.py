@@ -41,6 +41,11 @@ class Twin:
     peer_port: int
     tunnel_id: int
 
+    @property
+    def key(self) -> tuple[str, int]:
+        """What names a twin: its private socket's address and port."""
+        return (self.local, self.private_port)
+
 
 def table(l2tp_port: int = 1701) -> str:
     """The table without elements (nft syntax; pure)."""
@@ -78,13 +83,13 @@ class Steering:
 
     def __init__(self, nft: "Nft", l2tp_port: int = 1701) -> None:
         self.nft, self.l2tp_port = nft, l2tp_port
-        self.twins: dict[tuple, Twin] = {}
+        self.twins: dict[tuple[str, int], Twin] = {}  # by Twin.key
         self._lock = threading.Lock()
         self.restored = 0
 
     def add(self, twin: Twin) -> None:
         with self._lock:
-            key = (twin.local, twin.private_port)
+            key = twin.key
             try:
                 self.nft.run((table(self.l2tp_port) if not self.twins else "") + elements("add", [twin]))
                 self.twins[key] = twin
@@ -101,11 +106,11 @@ class Steering:
         """Count a twin as held without writing (adoption): settle() then
         writes the table for all of them in one transaction."""
         with self._lock:
-            self.twins[(twin.local, twin.private_port)] = twin
+            self.twins[twin.key] = twin
 
     def remove(self, twin: Twin) -> None:
         with self._lock:
-            if self.twins.pop((twin.local, twin.private_port), None) is None:
+            if self.twins.pop(twin.key, None) is None:
                 return
             try:
                 self.nft.run(f"delete table ip {TABLE}\n" if not self.twins else elements("delete", [twin]))
@@ -129,22 +134,9 @@ class Steering:
         with self._lock:
             self._rewrite()
 
-    def clear(self) -> None:
-        with self._lock:
-            if self.twins:
-                self.twins.clear()
-                try:
-                    self.nft.run(f"delete table ip {TABLE}\n")
-                except errors.PipexError:
-                    pass
-
     def _rewrite(self) -> None:
         self.nft.run(table(self.l2tp_port) + elements("add", list(self.twins.values())) if self.twins
                      else f"add table ip {TABLE}\ndelete table ip {TABLE}\n")
-
-
-# nftables/libnftables.h, enum nft_output_flags
-NFT_CTX_OUTPUT_JSON = 1 << 4
 
 
 class _LibNftables:

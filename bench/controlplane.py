@@ -177,7 +177,8 @@ def rss_child(n: int) -> int:
     from pipexctl.discovery.discovery import Discovery
     from pipexctl.kernel.backend import NullBackend
     from pipexctl.offload.datapath import KernelDataPath
-    from pipexctl.offload.server import OffloadServer, TunnelState
+    from pipexctl.offload.server import OffloadServer
+    from pipexctl.offload.service import TunnelState
     from pipexctl.offload.statefile import SessionRecord
 
     d = tempfile.mkdtemp()
@@ -201,16 +202,17 @@ def rss_child(n: int) -> int:
     # daemon's own bookkeeping of n calls
     srv = OffloadServer(os.path.join(d, "s.sock"), disc, NullBackend(), KernelDataPath(),
                         state_path=os.path.join(d, "st"))
+    svc = srv.service
     for c in disc.tracker.calls():
         key = (c.instance, c.tunnel_id)
-        ts = srv.tunnels.get(key)
+        ts = svc.tunnels.get(key)
         if ts is None:
-            ts = srv.tunnels[key] = TunnelState(c.instance, c.tunnel_id, c.peer_tunnel_id, "10.99.0.1", c.peer,
+            ts = svc.tunnels[key] = TunnelState(c.instance, c.tunnel_id, c.peer_tunnel_id, "10.99.0.1", c.peer,
                                                 1701, None, 1701)
         ts.records[c.call_id] = SessionRecord(call_id=c.call_id, peer_call_id=c.peer_call_id, pppd_pid=c.pppd_pid)
-    tracked = sum(len(t.records) for t in srv.tunnels.values())
+    tracked = sum(len(t.records) for t in svc.tunnels.values())
     assert tracked == n, (tracked, n)
-    srv._save()
+    svc.save()
     with open("/proc/self/status") as f:
         rss = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
     print(json.dumps({"sessions": n, "rss_kib": rss, "tracked": tracked}))

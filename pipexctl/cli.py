@@ -694,13 +694,13 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     srv = OffloadServer(socket_path, d, backend, datapath, wait=wait, xl2tpd_port=xl2tpd_port,
                         reconcile_interval=reconcile_interval, state_path=state_path,
                         teardown_on_exit=teardown_on_exit)
-    srv.max_session_series = metrics_max_sessions
+    srv.service.max_session_series = metrics_max_sessions
     httpd = None
     if metrics_listen:
         from .offload import metrics
 
         try:
-            httpd = metrics.start(srv, metrics_listen)
+            httpd = metrics.start(srv.service, metrics_listen)
         except OSError as e:
             d.close()
             backend.close()

@@ -7,13 +7,17 @@ session whose channel cannot be connected or handed off is deleted again.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from . import errors
 from .kernel.backend import KernelBackend, PPPChannel
 from .model import Session, SessionSpec, Tunnel, TunnelSpec
+
+log = logging.getLogger("pipexctl")
 
 
 @dataclass
@@ -40,17 +44,72 @@ def _same_tunnel(have: Tunnel, want: TunnelSpec) -> list[str]:
     return diffs
 
 
+class Transaction:
+    """The undo log of one multi-step kernel operation.
+
+    Each step registers its undo once it has succeeded; ``rollback`` runs
+    them newest first.  Every create-and-rollback sequence of the codebase
+    (the CLI's add_session, the offload service's channel) goes through it,
+    so there is one place where partial work is taken back."""
+
+    def __init__(self, backend: KernelBackend) -> None:
+        self.backend = backend
+        self._undo: list[Callable[[], object]] = []
+
+    def on_rollback(self, fn: Callable[[], object]) -> None:
+        """Undo a step done outside the backend (a socket, a record)."""
+        self._undo.append(fn)
+
+    def create_tunnel(self, spec: TunnelSpec) -> None:
+        self.backend.tunnel_create(spec)
+        self._undo.append(lambda: self.backend.tunnel_delete(spec.tunnel_id))
+
+    def create_session(self, spec: SessionSpec) -> None:
+        self.backend.session_create(spec)
+        self._undo.append(lambda: self.backend.session_delete(spec.tunnel_id, spec.session_id))
+
+    def connect_ppp(self, tunnel: Tunnel, session: Session) -> PPPChannel:
+        """A PPPoL2TP socket on the session; the caller closes it once handed
+        off (closing twice is harmless)."""
+        ch = self.backend.ppp_connect(tunnel, session)
+        self._undo.append(ch.close)
+        return ch
+
+    def rollback(self) -> None:
+        while self._undo:
+            fn = self._undo.pop()
+            try:
+                fn()
+            except errors.NotFoundError:
+                pass  # already gone: closing a PPPoL2TP socket deletes its session
+            except errors.PipexError as e:
+                log.warning("%s", e)
+            except Exception:  # an undo never stops the ones after it
+                log.exception("rollback step failed")
+
+
 class Orchestrator:
     def __init__(self, backend: KernelBackend) -> None:
         self.backend = backend
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """All or nothing: on any exception (KeyboardInterrupt included) what
+        the block did through the transaction is undone, then re-raised."""
+        tx = Transaction(self.backend)
+        try:
+            yield tx
+        except BaseException:
+            tx.rollback()
+            raise
 
     # ---- tunnels
     def add_tunnel(self, spec: TunnelSpec) -> Tunnel:
         self.backend.tunnel_create(spec)
         return self.backend.tunnel_get(spec.tunnel_id)
 
-    def ensure_tunnel(self, spec: TunnelSpec) -> tuple[Tunnel, bool]:
-        """The tunnel ``spec`` names: existing (if it matches) or new."""
+    def ensure_tunnel(self, spec: TunnelSpec, tx: Transaction) -> tuple[Tunnel, bool]:
+        """The tunnel ``spec`` names: existing (if it matches) or new (undone with ``tx``)."""
         existing = {t.tunnel_id: t for t in self.backend.tunnel_dump()}
         have = existing.get(spec.tunnel_id)
         if have is not None:
@@ -58,7 +117,8 @@ class Orchestrator:
             if diffs:
                 raise errors.ConflictError(f"tunnel {spec.tunnel_id} already exists with other parameters: " + "; ".join(diffs))
             return have, False
-        return self.add_tunnel(spec), True
+        tx.create_tunnel(spec)
+        return self.backend.tunnel_get(spec.tunnel_id), True
 
     def delete_tunnel(self, tunnel_id: int) -> None:
         self.backend.tunnel_delete(tunnel_id)
@@ -82,49 +142,41 @@ class Orchestrator:
         to pppd); the socket is closed here afterwards, so the session lives
         exactly as long as the consumer keeps its copy of the fd.
         """
-        created = False
-        if tunnel is not None:
-            if tunnel.tunnel_id != session.tunnel_id:
-                raise errors.InvalidArgumentError(
-                    f"session names tunnel {session.tunnel_id} but tunnel spec is {tunnel.tunnel_id}"
-                )
-            kt, created = self.ensure_tunnel(tunnel)
-        else:
-            try:
-                kt = self.backend.tunnel_get(session.tunnel_id)
-            except errors.NotFoundError:
-                raise errors.NotFoundError(
-                    f"cannot create {session.describe()}: tunnel {session.tunnel_id} does not exist "
-                    "(create it, or give --peer-tunnel-id, --local and --remote)"
-                ) from None
-        try:
+        with self.transaction() as tx:
+            created = False
+            if tunnel is not None:
+                if tunnel.tunnel_id != session.tunnel_id:
+                    raise errors.InvalidArgumentError(
+                        f"session names tunnel {session.tunnel_id} but tunnel spec is {tunnel.tunnel_id}"
+                    )
+                kt, created = self.ensure_tunnel(tunnel, tx)
+            else:
+                try:
+                    kt = self.backend.tunnel_get(session.tunnel_id)
+                except errors.NotFoundError:
+                    raise errors.NotFoundError(
+                        f"cannot create {session.describe()}: tunnel {session.tunnel_id} does not exist "
+                        "(create it, or give --peer-tunnel-id, --local and --remote)"
+                    ) from None
             if kt.version != session.version:
                 # re-validate the ids for the tunnel's real version
                 try:
                     session = SessionSpec(**{**session.model_dump(), "version": kt.version})
                 except ValueError as e:
                     raise errors.InvalidArgumentError(_first_error(e)) from None
-            self.backend.session_create(session)
+            tx.create_session(session)
+            ks = self.backend.session_get(session.tunnel_id, session.session_id)
             channel_index = None
-            try:
-                ks = self.backend.session_get(session.tunnel_id, session.session_id)
-                if connect_ppp:
-                    if ks.pw_type.value != "ppp":
-                        raise errors.InvalidArgumentError("only PPP sessions have a PPPoL2TP channel")
-                    ch = self.backend.ppp_connect(kt, ks)
-                    try:
-                        channel_index = ch.channel()
-                        if hand_off is not None:
-                            hand_off(ch, _meta(kt, ks, channel_index))
-                    finally:
-                        ch.close()
-            except BaseException:
-                errors.quietly(lambda: self.backend.session_delete(session.tunnel_id, session.session_id))
-                raise
-        except BaseException:
-            if created:
-                errors.quietly(lambda: self.backend.tunnel_delete(kt.tunnel_id))
-            raise
+            if connect_ppp:
+                if ks.pw_type.value != "ppp":
+                    raise errors.InvalidArgumentError("only PPP sessions have a PPPoL2TP channel")
+                ch = tx.connect_ppp(kt, ks)
+                try:
+                    channel_index = ch.channel()
+                    if hand_off is not None:
+                        hand_off(ch, _meta(kt, ks, channel_index))
+                finally:
+                    ch.close()
         return AddSessionResult(kt, ks, created, channel_index)
 
     def delete_session(self, tunnel_id: int, session_id: int, *, tunnel_too: bool = False) -> bool:
@@ -224,4 +276,4 @@ def _first_error(e: Exception) -> str:
     return str(e)
 
 
-__all__ = ["Orchestrator", "AddSessionResult"]
+__all__ = ["Orchestrator", "AddSessionResult", "Transaction"]

@@ -81,17 +81,42 @@ class NetlinkBackend:
 
         return _netns.enter(self.netns)
 
-    def __getattr__(self, name):
-        # tunnel_* and session_* go to the netlink socket, on its own thread
-        if name.startswith(("tunnel_", "session_")) and self.__dict__.get("nl") is not None:
-            fn = getattr(self.nl, name)
+    def _call(self, name: str, *args, **kw):
+        # every netlink request runs on the socket's own thread
+        nl = self.__dict__.get("nl")
+        if nl is None:
+            raise errors.KernelError(f"cannot {name.replace('_', ' ')}: the netlink backend is closed")
+        return self._pool.submit(getattr(nl, name), *args, **kw).result()
 
-            def call(*args, **kw):
-                return self._pool.submit(fn, *args, **kw).result()
+    def tunnel_create(self, spec: TunnelSpec) -> None:
+        self._call("tunnel_create", spec)
 
-            call.__name__ = name
-            return call
-        raise AttributeError(name)
+    def tunnel_delete(self, tunnel_id: int) -> None:
+        self._call("tunnel_delete", tunnel_id)
+
+    def tunnel_modify(self, tunnel_id: int, debug: Optional[int] = None) -> None:
+        self._call("tunnel_modify", tunnel_id, debug)
+
+    def tunnel_get(self, tunnel_id: int) -> Tunnel:
+        return self._call("tunnel_get", tunnel_id)
+
+    def tunnel_dump(self) -> list[Tunnel]:
+        return self._call("tunnel_dump")
+
+    def session_create(self, spec: SessionSpec) -> None:
+        self._call("session_create", spec)
+
+    def session_delete(self, tunnel_id: int, session_id: int) -> None:
+        self._call("session_delete", tunnel_id, session_id)
+
+    def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None:
+        self._call("session_modify", tunnel_id, session_id, **kw)
+
+    def session_get(self, tunnel_id: int, session_id: int) -> Session:
+        return self._call("session_get", tunnel_id, session_id)
+
+    def session_dump(self) -> list[Session]:
+        return self._call("session_dump")
 
     def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
         from .pppol2tp import PPPoL2TPSocket

@@ -1,6 +1,6 @@
 """Prometheus metrics of `pipexctl serve` (``--metrics [HOST]:PORT``).
 
-A collector over ``OffloadServer.metrics()``: every scrape reads the numbers
+A collector over ``OffloadService.metrics()``: every scrape reads the numbers
 afresh (the same dict `pipexctl stat --serve --json` prints), so there is no
 second bookkeeping to drift.  prometheus_client serves the text format.
 """
@@ -76,11 +76,11 @@ def families(m: dict) -> Iterator:
 
 
 class ServeCollector(Collector):
-    def __init__(self, server) -> None:
-        self.server = server
+    def __init__(self, service) -> None:
+        self.service = service
 
     def collect(self):
-        yield from families(self.server.metrics())
+        yield from families(self.service.metrics())
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -91,12 +91,12 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def start(server, listen: str):
+def start(service, listen: str):
     """Serve /metrics on ``listen`` in a thread; returns the HTTP server."""
     from prometheus_client import start_http_server
 
     host, port = parse_listen(listen)
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ServeCollector(server))
+    reg.register(ServeCollector(service))
     httpd, _thread = start_http_server(port, addr=host, registry=reg)
     return httpd

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from pipexctl.offload.server import FAILPOINTS
+from pipexctl.offload.service import FAILPOINTS
 from pipexctl.testing.lab import Lab, kernel_objects, plugin_options
 from pipexctl.testing.probe import ppp_inet_links, ppp_peer_addrs, wait_until
 

@@ -40,28 +40,28 @@ def srv(tmp_path):
     for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
         d.tracker.inst("xl2tpd").calls[c.call_id] = c
     yield s
-    for ts in s.tunnels.values():
+    for ts in s.service.tunnels.values():
         if ts.sock is not None:
             ts.sock.close()
 
 
 def offload(s, c):
-    ch, _ = s.offload(c, 4242)
+    ch, _ = s.service.offload(c, 4242)
     s.channels.append(ch)  # pppd's copy: closing it would end the session, as in the kernel
-    s.stats["offloaded"] += 1
+    s.service.stats["offloaded"] += 1
 
 
 def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
     for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
         offload(srv, c)
     with pytest.raises(errors.ConflictError):
-        srv.offload(call(1), 4242)
-    srv.stats["failed"] += 1
-    srv.reasons[("failed", "conflict")] += 1
-    srv._refused("no_call")
-    srv._refused("no_call")
-    srv._refused("not_root")
-    m = srv.metrics()
+        srv.service.offload(call(1), 4242)
+    srv.service.stats["failed"] += 1
+    srv.service.reasons[("failed", "conflict")] += 1
+    srv.service.refused("no_call")
+    srv.service.refused("no_call")
+    srv.service.refused("not_root")
+    m = srv.service.metrics()
     assert m["offloaded_tunnels"] == 2 and m["offloaded_sessions"] == 3
     assert m["offload"] == {"offloaded": 3, "removed": 0, "refused": {"no_call": 2, "not_root": 1},
                             "failed": {"conflict": 1}}
@@ -74,20 +74,20 @@ def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
 def test_per_session_series_are_capped_and_the_rest_summed(srv):
     for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
         offload(srv, c)
-    srv.backend._sessions[(100, 2)].stats.rx_bytes = 500
-    srv.backend._sessions[(101, 3)].stats.rx_bytes = 70
-    srv.max_session_series = 1
-    m = srv.metrics()
+    srv.service.backend._sessions[(100, 2)].stats.rx_bytes = 500
+    srv.service.backend._sessions[(101, 3)].stats.rx_bytes = 70
+    srv.service.max_session_series = 1
+    m = srv.service.metrics()
     assert [s["session_id"] for s in m["sessions"]] == [1]
     assert m["sessions_not_listed"]["count"] == 2 and m["sessions_not_listed"]["rx_bytes"] == 570
 
 
 def test_prometheus_text_parses_and_carries_the_numbers(srv):
     offload(srv, call(1))
-    srv.backend._sessions[(100, 1)].stats.tx_bytes = 1234
-    srv._refused("malformed_request")
+    srv.service.backend._sessions[(100, 1)].stats.tx_bytes = 1234
+    srv.service.refused("malformed_request")
     reg = metrics.CollectorRegistry()
-    reg.register(metrics.ServeCollector(srv))
+    reg.register(metrics.ServeCollector(srv.service))
     text = generate_latest(reg).decode()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     val = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
@@ -127,9 +127,9 @@ def free_port():
 
 def test_http_endpoint_and_stat_serve_give_the_same_numbers(srv, tmp_path):
     offload(srv, call(1))
-    srv.backend._sessions[(100, 1)].stats.rx_packets = 9
+    srv.service.backend._sessions[(100, 1)].stats.rx_packets = 9
     port = free_port()
-    httpd = metrics.start(srv, f"127.0.0.1:{port}")
+    httpd = metrics.start(srv.service, f"127.0.0.1:{port}")
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
@@ -162,13 +162,13 @@ def test_stat_serve_without_a_daemon_is_one_clear_error(tmp_path):
 
 def test_a_duplicate_offload_leaves_the_healthy_session_and_its_tunnel_socket(srv):
     offload(srv, call(1))
-    tunnels = dict(srv.datapath.tunnels)
+    tunnels = dict(srv.service.datapath.tunnels)
     with pytest.raises(errors.ConflictError):
-        srv.offload(call(1), 4242)
-    assert 1 in srv.tunnels[("xl2tpd", 100)].records
-    assert srv.datapath.tunnels == tunnels and len(tunnels) == 1  # the tunnel's socket is still open
-    assert srv.tunnels[("xl2tpd", 100)].sock.fileno() >= 0
-    assert srv.backend.session_get(100, 1).session_id == 1
+        srv.service.offload(call(1), 4242)
+    assert 1 in srv.service.tunnels[("xl2tpd", 100)].records
+    assert srv.service.datapath.tunnels == tunnels and len(tunnels) == 1  # the tunnel's socket is still open
+    assert srv.service.tunnels[("xl2tpd", 100)].sock.fileno() >= 0
+    assert srv.service.backend.session_get(100, 1).session_id == 1
 
 
 def test_a_second_tunnel_from_the_same_peer_address_and_port_gets_a_steered_socket(srv):
@@ -176,21 +176,21 @@ def test_a_second_tunnel_from_the_same_peer_address_and_port_gets_a_steered_sock
     the socket that received it: only the first tunnel of an address pair
     sits on xl2tpd's port, a second one (a twin) on a steered private port."""
     offload(srv, call(1))
-    first = srv.tunnels[("xl2tpd", 100)]
-    srv.xl2tpd_port = first.local_port  # as if the first one sat on xl2tpd's port
+    first = srv.service.tunnels[("xl2tpd", 100)]
+    srv.service.xl2tpd_port = first.local_port  # as if the first one sat on xl2tpd's port
     offload(srv, call(5, tid=103))
     offload(srv, call(4, tid=102, peer="192.0.2.8"))  # another peer: a tunnel of its own
-    assert {t: twin for t, (twin, _) in srv.datapath.tunnels.items()} == {100: False, 103: True, 102: False}
-    assert srv.backend.tunnel_get(103).peer_tunnel_id == 200
+    assert {t: twin for t, (twin, _) in srv.service.datapath.tunnels.items()} == {100: False, 103: True, 102: False}
+    assert srv.service.backend.tunnel_get(103).peer_tunnel_id == 200
 
 
 def test_a_dropped_tunnel_closes_its_socket(srv):
     from pipexctl.discovery.state import TunnelDown, TunnelInfo
 
     offload(srv, call(1))
-    sock = srv.tunnels[("xl2tpd", 100)].sock
-    srv._on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=200)))
-    assert srv.datapath.tunnels == {} and srv.tunnels == {} and sock.fileno() == -1
+    sock = srv.service.tunnels[("xl2tpd", 100)].sock
+    srv.service.on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=200)))
+    assert srv.service.datapath.tunnels == {} and srv.service.tunnels == {} and sock.fileno() == -1
 
 
 def test_a_reused_session_id_is_offloaded_and_the_old_calls_late_end_spares_it(srv):
@@ -201,31 +201,31 @@ def test_a_reused_session_id_is_offloaded_and_the_old_calls_late_end_spares_it(s
     offload(srv, call(1))
     srv.channels.pop().close()  # the first pppd exits: the kernel drops its session
     new = call(1).copy(pppd_pid=4343, peer_call_id=77)
-    ch, meta = srv.offload(new, 4343)
+    ch, meta = srv.service.offload(new, 4343)
     srv.channels.append(ch)
-    assert meta["peer_session_id"] == 77 and srv.backend.session_get(100, 1).peer_session_id == 77
-    srv._on_event(CallDown(call=call(1), reason="pppd 4242 exited"))  # the old call's end, late
-    assert srv.tunnels[("xl2tpd", 100)].records[1].pppd_pid == 4343
-    assert srv.backend.session_get(100, 1).peer_session_id == 77
-    srv._on_event(CallDown(call=new, reason="hung up"))  # the new call's own end
-    assert 1 not in srv.tunnels[("xl2tpd", 100)].records
+    assert meta["peer_session_id"] == 77 and srv.service.backend.session_get(100, 1).peer_session_id == 77
+    srv.service.on_event(CallDown(call=call(1), reason="pppd 4242 exited"))  # the old call's end, late
+    assert srv.service.tunnels[("xl2tpd", 100)].records[1].pppd_pid == 4343
+    assert srv.service.backend.session_get(100, 1).peer_session_id == 77
+    srv.service.on_event(CallDown(call=new, reason="hung up"))  # the new call's own end
+    assert 1 not in srv.service.tunnels[("xl2tpd", 100)].records
 
 
 def test_a_reused_tunnel_id_replaces_the_dead_tunnel_and_its_late_end_spares_the_new_one(srv):
     from pipexctl.discovery.state import TunnelDown, TunnelInfo
 
     offload(srv, call(1))
-    old_sock = srv.tunnels[("xl2tpd", 100)].sock
+    old_sock = srv.service.tunnels[("xl2tpd", 100)].sock
     new = call(5).copy(peer_tunnel_id=300, pppd_pid=4343)
-    ch, meta = srv.offload(new, 4343)
+    ch, meta = srv.service.offload(new, 4343)
     srv.channels.append(ch)
-    ts = srv.tunnels[("xl2tpd", 100)]
+    ts = srv.service.tunnels[("xl2tpd", 100)]
     assert ts.peer_tunnel_id == 300 and list(ts.records) == [5] and old_sock.fileno() == -1
-    assert srv.backend.tunnel_get(100).peer_tunnel_id == 300
-    srv._on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=200)))
-    assert ("xl2tpd", 100) in srv.tunnels and srv.backend.tunnel_get(100).peer_tunnel_id == 300
-    srv._on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=300)))
-    assert ("xl2tpd", 100) not in srv.tunnels
+    assert srv.service.backend.tunnel_get(100).peer_tunnel_id == 300
+    srv.service.on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=200)))
+    assert ("xl2tpd", 100) in srv.service.tunnels and srv.service.backend.tunnel_get(100).peer_tunnel_id == 300
+    srv.service.on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100, peer_tunnel_id=300)))
+    assert ("xl2tpd", 100) not in srv.service.tunnels
 
 
 def test_an_unknown_failpoint_is_refused_by_name(tmp_path, monkeypatch):
@@ -234,7 +234,7 @@ def test_an_unknown_failpoint_is_refused_by_name(tmp_path, monkeypatch):
         OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
     monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved")
     s = OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
-    assert s.failpoints == {"state-saved"}
+    assert s.service.failpoints == {"state-saved"}
 
 
 def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(tmp_path):
@@ -250,9 +250,9 @@ def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(t
             f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
                     "(ref=0/0).  LNS session is 'default'\n"
                     "xl2tpd[147]: Call established with 10.99.1.2, PID: 151, Local: 19361, Remote: 13604, Serial: 1\n")
-        call, why = s._wait_for_call(151)  # before: "no call names this pid" after the 3 s
+        call, why = s.watch.call_of(151, s.wait)  # before: "no call names this pid" after the 3 s
         assert call is not None, why
         assert (call.tunnel_id, call.peer_tunnel_id, call.call_id, call.peer_call_id) == (28398, 58717, 19361, 13604)
-        assert s.pending and s.pending[-1].event == "CallUp"  # the watcher still gets the events
+        assert s.watch.pending and s.watch.pending[-1].event == "CallUp"  # the watcher still gets the events
     finally:
         d.close()

@@ -81,7 +81,7 @@ def exchange(path, data):
 @given(st.binary(min_size=1, max_size=MAX_REQUEST + 100).filter(lambda b: b"\n" not in b[:-1]))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_live_daemon_answers_every_input_once_and_keeps_serving(live, data):
-    before = dict(live.stats)
+    before = dict(live.service.stats)
     out = exchange(live.socket_path, data)
     lines = out.splitlines()
     assert len(lines) == 1, out
@@ -91,14 +91,14 @@ def test_live_daemon_answers_every_input_once_and_keeps_serving(live, data):
         assert rep["ok"]
     else:  # not JSON, unknown op, or a "channel" from a process that is no pppd of xl2tpd
         assert rep["ok"] is False and rep["error"]
-        assert live.stats["refused"] == before["refused"] + 1
-    assert live.tunnels == {} and live.backend.session_dump() == []  # nothing made
+        assert live.service.stats["refused"] == before["refused"] + 1
+    assert live.service.tunnels == {} and live.service.backend.session_dump() == []  # nothing made
 
 
 def test_after_the_fuzzing_the_daemon_still_serves(live):
     rep = json.loads(exchange(live.socket_path, b'{"op": "status"}\n'))
     assert rep["ok"] and rep["tunnels"] == []
     # a client that connects and sends nothing is a liveness probe, not a refusal
-    n = live.stats["refused"]
+    n = live.service.stats["refused"]
     assert exchange(live.socket_path, b"") == b""
-    assert live.stats["refused"] == n
+    assert live.service.stats["refused"] == n

@@ -1,0 +1,123 @@
+"""Discovery as the offload daemon uses it: followed in a thread, asked by requests.
+
+One lock (``lock``) guards the Discovery object; a request that waits for
+its call reads the newest log lines itself and otherwise sleeps on
+``polled`` until the watcher's next poll.  Events found by a request are
+queued (``pending``) and handed over by the watcher, so every event reaches
+the offload service from one thread, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Callable, Optional
+
+from ..discovery import procscan
+from ..discovery.discovery import Discovery
+from ..discovery.state import CallInfo
+
+log = logging.getLogger("pipexctl.serve")
+
+
+class CallWatch:
+    def __init__(self, discovery: Discovery, *, log_interval: float = 0.2, reconcile_interval: float = 5.0) -> None:
+        # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
+        # that the data path needs), so they run rarely, and on demand while a
+        # pppd waits for its channel.
+        self.d = discovery
+        self.log_interval, self.reconcile_interval = log_interval, reconcile_interval
+        self.lock = threading.Lock()
+        self.polled = threading.Condition(self.lock)  # notified after each discovery poll
+        self.pending: list = []
+
+    def first_read(self) -> None:
+        """The start's read of every source (the state is reconciled as a whole after it)."""
+        with self.lock:
+            self.d.refresh(events=False)
+
+    def refresh(self) -> list:
+        """SIGHUP: every source again (logs are followed by name anyway)."""
+        with self.lock:
+            return self.d.refresh()
+
+    def call_of(self, pid: int, wait: float) -> tuple[Optional[CallInfo], str]:
+        """The call of pppd ``pid``, once discovery knows it (bounded by ``wait``),
+        or None and why not.
+
+        The LNS logs the pppd PID; the LAC's comes from that one pppd's /proc
+        entry (its argv against the one xl2tpd logged for the call).  The
+        request reads the lines logged since the last read itself (xl2tpd
+        has written "Call established" by the time its pppd asks, as a rule),
+        instead of waiting up to a watcher period for them; when the line is
+        not there yet, the watcher's next poll wakes it."""
+        end = time.monotonic() + wait
+        with self.lock:
+            asked = 0.0
+            while True:
+                self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
+                self.pending += self.d.observe_process(pid)
+                mine = next((c for c in self.d.tracker.calls() if c.pppd_pid == pid), None)
+                if mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id):
+                    return mine.copy(), ""
+                if mine is not None and time.monotonic() - asked > 0.5:
+                    # known but not its tunnel: an LNS log names only the peer's
+                    # address, ambiguous with several tunnels from one peer;
+                    # xl2tpd's control pipe (status-lns) says which
+                    asked = time.monotonic()
+                    nw = len(self.d.warnings)
+                    self.pending += self.d.ask_control()
+                    for w in self.d.warnings[nw:]:
+                        log.warning("discovery: %s", w)
+                    del self.d.warnings[nw:]
+                    continue
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None, (f"call {mine.call_id} known, but not yet its tunnel/peer ids (tunnel "
+                                  f"{mine.tunnel_id}, peer tunnel {mine.peer_tunnel_id}, peer call "
+                                  f"{mine.peer_call_id})" if mine else "no call names this pid")
+                self.polled.wait(min(left, 1.0))
+
+    def has_call(self, instance: str, tunnel_id: int, call_id: int, pid: int) -> bool:
+        with self.lock:
+            return any(c.instance == instance and c.tunnel_id == tunnel_id and c.call_id == call_id
+                       and c.pppd_pid == pid for c in self.d.tracker.calls())
+
+    def paths(self) -> Counter:
+        """Known calls by (role, data path), for the metrics."""
+        with self.lock:
+            return Counter((c.role, c.data_path) for c in self.d.tracker.calls())
+
+    def run(self, stop: threading.Event, reload: threading.Event, *, handle: Callable[[list], None],
+            reloaded: Callable[[list], None], tick: Callable[[], None]) -> None:
+        """The watcher thread: poll, hand events to ``handle``; on ``reload``
+        refresh everything and call ``reloaded``; ``tick`` every half second."""
+        last = checked = time.monotonic()
+        while not stop.wait(self.log_interval):
+            if time.monotonic() - checked >= 0.5:
+                checked = time.monotonic()
+                tick()
+            if reload.is_set():
+                reload.clear()
+                reloaded(self.refresh())
+            now = time.monotonic()
+            full = now - last >= self.reconcile_interval
+            ev = []
+            t = time.monotonic()
+            scanned = procscan.scan() if full and self.d.proc else None  # outside the lock: slow under TCG
+            with self.lock:
+                try:
+                    ev = self.d.poll(reconcile=full, scanned=scanned)
+                except Exception:  # never let the watcher die: log and go on
+                    log.exception("discovery poll failed")
+                ev, self.pending = self.pending + ev, []
+                self.polled.notify_all()
+                took = time.monotonic() - t
+            if took > 1.0:
+                log.info("slow discovery poll: %.0f ms (full=%s)", took * 1000, full)
+            if ev:
+                handle(ev)
+            if full:
+                last = now

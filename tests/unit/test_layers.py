@@ -1,0 +1,100 @@
+"""The import graph keeps the layers docs/design.md draws.
+
+Every ``pipexctl`` import (module level or inside a function) is read with
+ast; a module may import only from its own layer or a lower one, the two
+middle siblings (discovery, orchestrator) not from each other, and nothing
+of the product from the test harness (pipexctl.testing) but the demo."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+import pipexctl
+
+ROOT = pathlib.Path(pipexctl.__file__).parent
+
+# lowest first: (layer, modules), where "x." stands for every module under x
+LAYERS = [
+    ("base", ("pipexctl", "pipexctl.__version__", "pipexctl.errors", "pipexctl.netns", "pipexctl.kernel.uapi",
+              "pipexctl.kernel", "pipexctl.discovery", "pipexctl.offload")),  # the package __init__s are empty
+    ("model", ("pipexctl.model",)),
+    ("kernel backend", ("pipexctl.kernel.",)),
+    ("discovery", ("pipexctl.discovery.",)),
+    ("orchestrator", ("pipexctl.orchestrator",)),
+    ("offload service", ("pipexctl.offload.statefile", "pipexctl.offload.steering", "pipexctl.offload.relay",
+                         "pipexctl.offload.datapath", "pipexctl.offload.ptys", "pipexctl.offload.watch",
+                         "pipexctl.offload.service", "pipexctl.offload.reconcile", "pipexctl.offload.pppopts")),
+    ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.metrics", "pipexctl.offload.client",
+                    "pipexctl.cli", "pipexctl.__main__")),
+    ("harness", ("pipexctl.testing.", "pipexctl.testing", "pipexctl.demo")),
+]
+RANK = {"base": 0, "model": 1, "kernel backend": 2, "discovery": 3, "orchestrator": 3, "offload service": 4,
+        "interfaces": 5, "harness": 6}
+
+
+def layer(mod: str) -> str:
+    for name, members in LAYERS:  # an exact name wins over a "x." prefix
+        if mod in members:
+            return name
+    for name, members in LAYERS:
+        if any(m.endswith(".") and mod.startswith(m) for m in members):
+            return name
+    raise AssertionError(f"{mod}: no layer (add it to LAYERS and to docs/design.md)")
+
+
+def modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for p in sorted(ROOT.rglob("*.py")):
+        parts = ("pipexctl",) + p.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _names(target: str, names) -> set[str]:
+    # from pkg import x: x is a module when the package has one by that name
+    subs = {f"{target}.{a.name}" for a in names} & set(MODULES)
+    return subs or {target}
+
+
+MODULES = modules()
+
+
+def imports(mod: str, path: pathlib.Path) -> set[str]:
+    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - (n.level - 1)]
+                target = ".".join(base + ([n.module] if n.module else []))
+                out |= _names(target, n.names)
+            elif n.module and n.module.split(".")[0] == "pipexctl":
+                out |= _names(n.module, n.names)
+        elif isinstance(n, ast.Import):
+            out |= {a.name for a in n.names if a.name.split(".")[0] == "pipexctl"}
+    return out
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_imports_go_down_the_layers(mod):
+    mine = layer(mod)
+    for dep in imports(mod, MODULES[mod]):
+        theirs = layer(dep)
+        assert RANK[theirs] < RANK[mine] or theirs == mine, f"{mod} ({mine}) imports {dep} ({theirs})"
+
+
+def test_every_layer_is_named_in_design_md():
+    text = (ROOT.parent / "docs" / "design.md").read_text()
+    for name, _ in LAYERS:
+        assert name in text, name
+
+
+def test_the_checker_sees_a_wrong_import(tmp_path):
+    bad = tmp_path / "orchestrator.py"
+    bad.write_text("def f():\n    from .offload import service\n")
+    deps = imports("pipexctl.orchestrator", bad)
+    assert deps == {"pipexctl.offload.service"}
+    assert RANK[layer("pipexctl.offload.service")] > RANK[layer("pipexctl.orchestrator")]

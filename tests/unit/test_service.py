@@ -1,0 +1,99 @@
+"""The offload service's all-or-nothing channel, on the null kernel backend
+and the null data path: every failing step, the hand-off to pppd included,
+leaves no session, tunnel, tunnel socket or record behind.  The same
+sequence against the real kernel is tests/kernel/test_faults.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+
+from pipexctl import errors
+from pipexctl.discovery.discovery import Discovery
+from pipexctl.discovery.state import CallInfo
+from pipexctl.kernel.backend import NullBackend
+from pipexctl.offload.datapath import NullDataPath
+from pipexctl.offload.server import OffloadServer
+
+
+def call(cid, tid=100):
+    return CallInfo(instance="xl2tpd", role="lns", peer="192.0.2.7", peer_port=1701, tunnel_id=tid,
+                    peer_tunnel_id=200, call_id=cid, peer_call_id=cid + 1000, pppd_pid=4242, data_path="kernel")
+
+
+@pytest.fixture
+def svc(tmp_path):
+    s = OffloadServer(str(tmp_path / "serve.sock"), Discovery([], proc=False, kernel=False), NullBackend(),
+                      NullDataPath()).service
+    yield s
+    for ts in s.tunnels.values():
+        if ts.sock is not None:
+            ts.sock.close()
+
+
+def state(svc):
+    with open(svc.state_path) as f:
+        return json.load(f)
+
+
+def nothing_left(svc):
+    assert svc.tunnels == {} and svc.datapath.tunnels == {}
+    assert svc.backend.tunnel_dump() == [] and svc.backend.session_dump() == []
+    try:
+        with open(svc.state_path) as f:
+            assert json.load(f)["tunnels"] == []
+    except FileNotFoundError:
+        pass  # failed before anything was recorded
+
+
+def test_a_failed_hand_off_undoes_the_session_and_the_new_tunnel(svc):
+    sent = []
+
+    def hand_off(meta, fds):
+        sent.append((meta, fds))
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")  # pppd went away before it read the reply
+
+    with pytest.raises(BrokenPipeError):
+        svc.offload(call(1), 4242, hand_off=hand_off)
+    assert len(sent) == 1 and len(sent[0][1]) == 2  # the channel and the tunnel's socket were offered
+    nothing_left(svc)
+
+
+def test_a_failed_hand_off_keeps_the_tunnel_of_other_calls(svc):
+    ch, _ = svc.offload(call(1), 4242)
+
+    def hand_off(meta, fds):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        svc.offload(call(2), 4343, hand_off=hand_off)
+    assert sorted(svc.tunnels[("xl2tpd", 100)].records) == [1]
+    assert [s.session_id for s in svc.backend.session_dump()] == [1]
+    assert [s["call_id"] for s in state(svc)["tunnels"][0]["sessions"]] == [1]
+    ch.close()
+
+
+@pytest.mark.parametrize("step", ["session_create", "ppp_connect"])
+def test_a_failing_kernel_step_undoes_everything_before_it(svc, step):
+    svc.backend.fail_on[step] = errno.ENOMEM
+    with pytest.raises(errors.PipexError):
+        svc.offload(call(1), 4242)
+    nothing_left(svc)
+
+
+def test_a_failing_tunnel_create_closes_the_tunnel_socket(svc):
+    svc.backend.fail_on["tunnel_create"] = errno.EBUSY
+    with pytest.raises(errors.ConflictError):
+        svc.offload(call(1), 4242)
+    nothing_left(svc)
+
+
+def test_an_interrupt_mid_offload_is_undone_too(svc):
+    def hand_off(meta, fds):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        svc.offload(call(1), 4242, hand_off=hand_off)
+    nothing_left(svc)

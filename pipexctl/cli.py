@@ -647,7 +647,8 @@ def _check_listen(ctx, param, value):
 @click.option("--teardown-on-exit", is_flag=True,
               help="On SIGTERM remove every offloaded session (default: leave them running for the next start).")
 @click.option("--metrics", "metrics_listen", default=None, metavar="[HOST]:PORT", callback=_check_listen,
-              help="Serve Prometheus metrics on http://HOST:PORT/metrics (':PORT': every address).")
+              help="Serve Prometheus metrics on http://HOST:PORT/metrics (':PORT': 127.0.0.1 only; "
+                   "they name subscribers' addresses: give 0.0.0.0 or [::] to serve every address).")
 @click.option("--metrics-max-sessions", default=1000, show_default=True, type=click.IntRange(0),
               help="Per-session counter series at most; the rest are summed.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each offload and removal to stderr.")
@@ -683,6 +684,7 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s.%(msecs)03d "
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format=stamp + "pipexctl serve: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S")
+    _raise_fd_limit()
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
     backend = NetlinkBackend(netns=app.netns)
     try:
@@ -718,6 +720,21 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
             httpd.shutdown()
         d.close()
         backend.close()
+
+
+def _raise_fd_limit() -> None:
+    """The soft fd limit up to the hard one: the daemon holds a pty, a pidfd
+    and a share of a tunnel socket per offloaded call (1024 is ~300 calls)."""
+    import logging
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if hard < 8192:
+        logging.getLogger("pipexctl.serve").warning(
+            "open files limited to %d: about %d offloaded calls at most (LimitNOFILE=65536 in the unit)",
+            hard, hard // 3)
 
 
 def main() -> None:

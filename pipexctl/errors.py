@@ -52,6 +52,11 @@ class KernelError(PipexError):
     """Any other error the kernel returned."""
 
 
+class ChannelNotTakenError(PipexError):
+    """pppd did not acknowledge the channel it was sent (it gave up waiting,
+    or refused the sockets): the offload is undone."""
+
+
 class SocketError(PipexError):
     """A socket (UDP, PPPoL2TP, unix hand-off) operation failed."""
 

@@ -75,20 +75,20 @@ static bool px_compression = 0;
 
 static px_option_t px_options[] = {
 	{ "pipexctl_socket", o_string, px_socket,
-	  "Unix socket of pipexctl serve", OPT_PRIO | OPT_STATIC, NULL, sizeof(px_socket) },
+	  "Unix socket of pipexctl serve", OPT_PRIO | OPT_PRIV | OPT_STATIC, NULL, sizeof(px_socket) },
 	{ "pipexctl_timeout", o_int, &px_timeout,
-	  "Seconds to wait for pipexctl serve", OPT_PRIO | OPT_LLIMIT, NULL, 0, 1 },
+	  "Seconds to wait for pipexctl serve", OPT_PRIO | OPT_PRIV | OPT_LIMITS, NULL, 60, 1 },
 	{ "pipexctl_required", o_bool, &px_required,
-	  "Fail when pipexctl cannot provide the channel", OPT_PRIO | 1 },
+	  "Fail when pipexctl cannot provide the channel", OPT_PRIO | OPT_PRIV | 1 },
 	{ "pipexctl_compression", o_bool, &px_compression,
-	  "Keep ACFC/PFC, VJ and CCP compression on the kernel channel", OPT_PRIO | 1 },
+	  "Keep ACFC/PFC, VJ and CCP compression on the kernel channel", OPT_PRIO | OPT_PRIV | 1 },
 	{ NULL }
 };
 
 static struct channel *px_fallback;	/* the channel pppd had (tty) */
 static int px_fd = -1;			/* the PPPoL2TP socket */
 static int px_tunnel_fd = -1;		/* a copy of the tunnel's UDP socket */
-static int px_mtu;
+static int px_nokernel;			/* errno of the PPPoL2TP probe at load (0: fine) */
 
 /* Read the whole reply line and the (up to two) fds that came with it. */
 static int px_recv(int s, char *buf, size_t len, int fds[2])
@@ -192,13 +192,40 @@ static long px_json_int(const char *buf, const char *key)
 	return strtol(p, NULL, 10);
 }
 
+/* connect(), bounded by pipexctl_timeout: a daemon that cannot accept
+ * (its backlog full) would otherwise hold pppd in connect() for ever. */
+static int px_connect_timeout(int s, const struct sockaddr_un *sa)
+{
+	struct pollfd p = { .fd = s, .events = POLLOUT };
+	int flags = fcntl(s, F_GETFL), err = 0;
+	socklen_t l = sizeof(err);
+
+	if (flags < 0 || fcntl(s, F_SETFL, flags | O_NONBLOCK) < 0)
+		return -1;
+	if (connect(s, (const struct sockaddr *)sa, sizeof(*sa)) < 0) {
+		if (errno != EINPROGRESS && errno != EAGAIN)
+			return -1;
+		if (poll(&p, 1, px_timeout * 1000) != 1) {
+			errno = ETIMEDOUT;
+			return -1;
+		}
+		if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
+			return -1;
+		if (err) {
+			errno = err;
+			return -1;
+		}
+	}
+	return fcntl(s, F_SETFL, flags);
+}
+
 /* Ask the daemon for our channel; 0 and px_fd set on success. */
 static int px_request(char *why, size_t whylen)
 {
 	struct sockaddr_un sa;
 	char req[128], rep[1024];
 	int s, fd = -1, fds[2];
-	long sid;
+	long sid, tid;
 	struct sockaddr_storage addr;
 	socklen_t alen = sizeof(addr);
 	struct stat st;
@@ -216,13 +243,13 @@ static int px_request(char *why, size_t whylen)
 		return -1;
 	}
 	strcpy(sa.sun_path, px_socket);
-	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+	if (px_connect_timeout(s, &sa) < 0) {
 		snprintf(why, whylen, "cannot reach %s: %s", px_socket, strerror(errno));
 		close(s);
 		return -1;
 	}
 	/* the daemon identifies us by SO_PEERCRED; the pid here is informational */
-	snprintf(req, sizeof(req), "{\"op\": \"channel\", \"pid\": %d}\n", (int)getpid());
+	snprintf(req, sizeof(req), "{\"op\": \"channel\", \"v\": 2, \"pid\": %d}\n", (int)getpid());
 	if (px_send(s, req, isatty(0) ? 0 : -1) != (ssize_t)strlen(req)) {
 		snprintf(why, whylen, "write to %s: %s", px_socket, strerror(errno));
 		close(s);
@@ -233,35 +260,49 @@ static int px_request(char *why, size_t whylen)
 		close(s);
 		return -1;
 	}
-	close(s);
 	fd = fds[0];
 	if (fds[1] >= 0 && !px_is_tunnel_socket(fds[1])) {
 		snprintf(why, whylen, "second fd of the reply is not a connected UDP socket");
 		close(fds[1]);
 		if (fd >= 0)
 			close(fd);
+		close(s);
 		return -1;
 	}
-	if (!strstr(rep, "\"ok\": true")) {
+	/* the contract: the reply is one JSON object whose first member is "ok" */
+	if (strncmp(rep, "{\"ok\": true,", 12) != 0) {
 		const char *e = strstr(rep, "\"error\": \"");
 		snprintf(why, whylen, "pipexctl refused: %.200s", e ? e + 10 : rep);
 		if (fd >= 0)
 			close(fd);
 		if (fds[1] >= 0)
 			close(fds[1]);
+		close(s);
 		return -1;
 	}
 	/* validate before use: a PPPoX socket bound to the session we were told */
 	sid = px_json_int(rep, "session_id");
+	tid = px_json_int(rep, "tunnel_id");
 	memset(&addr, 0, sizeof(addr));
 	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
 		snprintf(why, whylen, "reply carried no socket");
 	else if (getsockname(fd, (struct sockaddr *)&addr, &alen) < 0 || addr.ss_family != AF_PPPOX)
 		snprintf(why, whylen, "received fd is not an AF_PPPOX socket");
-	else if (sid <= 0)
-		snprintf(why, whylen, "reply has no session id");
+	else if (alen != sizeof(struct sockaddr_pppol2tp))
+		snprintf(why, whylen, "received socket is not an L2TPv2 session over IPv4");
+	else if (sid <= 0 || tid <= 0)
+		snprintf(why, whylen, "reply has no tunnel or session id");
+	else if (((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_session != sid ||
+		 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_tunnel != tid)
+		snprintf(why, whylen, "received socket is session %u/%u, the reply says %ld/%ld",
+			 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_tunnel,
+			 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_session, tid, sid);
 	else
 		why[0] = 0;
+	/* the daemon undoes the offload unless we acknowledge what we checked */
+	if (!why[0] && send(s, "{\"op\": \"ack\"}\n", 14, MSG_NOSIGNAL) != 14)
+		snprintf(why, whylen, "cannot acknowledge the channel: %s", strerror(errno));
+	close(s);
 	if (why[0]) {
 		if (fd >= 0)
 			close(fd);
@@ -269,11 +310,10 @@ static int px_request(char *why, size_t whylen)
 			close(fds[1]);
 		return -1;
 	}
-	px_mtu = (int)px_json_int(rep, "mtu");
 	px_fd = fd;
 	px_tunnel_fd = fds[1];
 	info("pipexctl: kernel channel for tunnel %ld session %ld (peer %ld/%ld)",
-	     px_json_int(rep, "tunnel_id"), sid, px_json_int(rep, "peer_tunnel_id"),
+	     tid, sid, px_json_int(rep, "peer_tunnel_id"),
 	     px_json_int(rep, "peer_session_id"));
 	return 0;
 }
@@ -322,7 +362,9 @@ static void px_check_options(void)
 {
 	char why[320];
 
-	if (px_request(why, sizeof(why)) == 0) {
+	if (px_nokernel)
+		snprintf(why, sizeof(why), "kernel has no PPPoL2TP (modprobe l2tp_ppp): %s", strerror(px_nokernel));
+	else if (px_request(why, sizeof(why)) == 0) {
 		px_release_pty();
 		px_no_compression();
 		return;
@@ -330,8 +372,6 @@ static void px_check_options(void)
 	if (px_required)
 		fatal("pipexctl: %s (pipexctl_required is set)", why);
 	warn("pipexctl: %s; continuing on the pty", why);
-	if (!px_fallback)
-		fatal("pipexctl: no channel to fall back to");
 	the_channel = px_fallback;
 	if (the_channel->check_options)
 		the_channel->check_options();
@@ -365,8 +405,6 @@ static void px_send_config(int mtu, u_int32_t accm, int pcomp, int accomp)
 	int fd;
 
 	(void)accm; (void)pcomp; (void)accomp;
-	if (px_mtu > 0 && mtu > px_mtu)
-		mtu = px_mtu;
 	fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return;
@@ -410,16 +448,13 @@ void plugin_init(void)
 {
 	int s;
 
-	/* probe the kernel at load: without PPPoL2TP there is nothing to offer */
+	/* probe the kernel at load: without PPPoL2TP there is nothing to offer.
+	 * The verdict waits for check_options: pipexctl_required is not parsed yet */
 	s = socket(AF_PPPOX, SOCK_DGRAM, PX_PROTO_OL2TP);
-	if (s < 0) {
-		if (px_required)
-			fatal("pipexctl: kernel has no PPPoL2TP (modprobe l2tp_ppp): %m");
-		warn("pipexctl: kernel has no PPPoL2TP (modprobe l2tp_ppp): %m; staying on the pty");
-		add_options(px_options);
-		return;
-	}
-	close(s);
+	if (s < 0)
+		px_nokernel = errno ? errno : EAFNOSUPPORT;
+	else
+		close(s);
 	add_options(px_options);
 	px_fallback = the_channel;
 	/* pppd looks every later option up in the_channel->options as well:

@@ -213,8 +213,9 @@ class ControlClient:
             left = end - time.monotonic()
             if left <= 0:
                 raise ControlError(f"no reply from xl2tpd on {self.pipe} within {self.timeout:.1f} s")
-            r, _, _ = select.select([fd], [], [], min(left, 0.05))
-            if not r:
+            p = select.poll()  # not select(): the fd may be past 1024 in a busy daemon
+            p.register(fd, select.POLLIN)
+            if not p.poll(min(left, 0.05) * 1000):
                 continue
             try:
                 chunk = os.read(fd, 65536)

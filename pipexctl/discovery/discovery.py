@@ -142,6 +142,7 @@ class Discovery:
         follow: bool = False,
     ) -> None:
         self.tracker = Tracker()
+        self.tracker.daemon_alive = procscan.is_daemon
         self.sources: list[Source] = []
         self.proc, self.kernel, self.netns = proc, kernel, netns
         controls = list(controls or [])
@@ -156,6 +157,7 @@ class Discovery:
             self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
         self._backend = None
         self.warnings: list[str] = []
+        self.tracker.notes = self.warnings  # one list: the tracker's notes are discovery's warnings
 
     # ---- reading
     def _read_logs(self) -> list[Event]:

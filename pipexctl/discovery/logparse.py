@@ -6,8 +6,9 @@ Accepted framings (all seen from Debian's xl2tpd):
 - syslog file (RFC 3164, as rsyslog writes):    ``Nov 29 23:01:02 host xl2tpd[147]: <msg>``
 - syslog with an ISO timestamp (rsyslog's default on Debian 12):
                                                 ``2026-11-29T23:01:02.123456+00:00 host xl2tpd[147]: <msg>``
-- journal JSON (``journalctl -o json``): an object with ``MESSAGE`` and ``_PID``
-  (or ``SYSLOG_PID``) and ``SYSLOG_IDENTIFIER``
+- journal JSON (``journalctl -o json``): an object with ``MESSAGE``; the
+  sender is known by journald's trusted ``_PID``, ``_COMM`` and ``_EXE``
+  (``SYSLOG_PID``/``SYSLOG_IDENTIFIER`` only when those are absent)
 - the bare message (``<msg>``), with the pid unknown.
 
 xl2tpd's status dump writes several records without newlines in between
@@ -411,7 +412,18 @@ def _st_call(m, pid):
 _PLAIN = re.compile(r"^(?P<ident>[\w.-]{1,64})\[(?P<pid>\d{1,10})\]: ?(?P<msg>.*)$", re.S)
 _SYSLOG = re.compile(
     r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) "
-    r"(?P<host>\S{1,255}) (?P<rest>.*)$",
+    r"(?P<host>\S{1,255}) "
+    # busybox syslogd (OpenWrt and other small systems) writes facility.level before the tag
+    r"(?:(?:kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|local[0-7])"
+    r"\.(?:emerg|alert|crit|err|error|warn|warning|notice|info|debug) )?"
+    r"(?P<rest>.*)$",
+    re.S,
+)
+# RFC 5424 (rsyslog's RSYSLOG_SyslogProtocol23Format, syslog-ng's syslog()):
+# <PRI>1 TIMESTAMP HOST APP-NAME PROCID MSGID STRUCTURED-DATA [MSG]
+_RFC5424 = re.compile(
+    r"^<\d{1,3}>1 \S{1,64} \S{1,255} (?P<app>\S{1,48}) (?P<procid>\S{1,128}) \S{1,32} "
+    r"(?P<sd>-|(?:\[(?:[^\]\\]|\\.)*\])+)(?: (?:\ufeff)?(?P<msg>.*))?$",
     re.S,
 )
 # Messages xl2tpd 1.3.18 writes without a trailing newline (status dump,
@@ -434,15 +446,22 @@ def split_framing(line: str, identifier: str = "xl2tpd") -> tuple[Optional[int],
             return None, None, None
         if not isinstance(obj, dict):
             return None, None, None
-        ident = obj.get("SYSLOG_IDENTIFIER") or obj.get("_COMM")
+        # journald's own fields (leading "_") come from the sender's kernel
+        # credentials; SYSLOG_IDENTIFIER and SYSLOG_PID are whatever the
+        # sender wrote (`logger -t "xl2tpd[PID]"` by any user): never trusted
+        # when the trusted ones are there
+        ident = obj.get("_COMM") or obj.get("SYSLOG_IDENTIFIER")
         if ident is not None and ident != identifier:
+            return None, None, None
+        exe = obj.get("_EXE")
+        if isinstance(exe, str) and exe.rsplit("/", 1)[-1] != identifier:
             return None, None, None
         msg = obj.get("MESSAGE")
         if isinstance(msg, list):  # journald stores non-UTF-8 messages as byte arrays
             msg = bytes(x & 0xFF for x in msg if isinstance(x, int)).decode("utf-8", "replace")
         if not isinstance(msg, str):
             return None, None, None
-        pid = obj.get("SYSLOG_PID") or obj.get("_PID")
+        pid = obj.get("_PID") or obj.get("SYSLOG_PID")
         ts = obj.get("__REALTIME_TIMESTAMP")
         try:
             pid = int(pid) if pid is not None else None
@@ -450,6 +469,11 @@ def split_framing(line: str, identifier: str = "xl2tpd") -> tuple[Optional[int],
         except (TypeError, ValueError):
             pid, ts = None, None
         return pid, msg, ts
+    m = _RFC5424.match(line)
+    if m:
+        if m["app"] != identifier:
+            return None, None, None
+        return (int(m["procid"]) if m["procid"].isdigit() else None), m["msg"] or "", None
     m = _SYSLOG.match(line)
     if m:
         line = m["rest"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -92,3 +93,52 @@ def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
         if p.ppid in children:
             children[p.ppid].append(p)
     return daemons, children
+
+
+# ---- who a process is, for the offload daemon's trust decisions
+
+SBIN = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+
+
+@functools.cache
+def trusted_exes(name: str) -> frozenset[str]:
+    """The real paths of the system's ``name`` binaries (root-owned sbin dirs)."""
+    return frozenset(os.path.realpath(os.path.join(d, name)) for d in SBIN if os.path.exists(os.path.join(d, name)))
+
+
+def exe(pid: int) -> Optional[str]:
+    """The binary ``pid`` runs; a binary replaced by an upgrade since it
+    started still counts as its path (the kernel appends " (deleted)")."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+    except OSError:
+        return None
+
+
+def uids(pid: int) -> Optional[tuple[int, ...]]:
+    """Real, effective, saved and filesystem uid of ``pid``."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return tuple(int(x) for x in line.split()[1:5])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def comm_ppid(pid: int) -> Optional[tuple[str, int]]:
+    """(comm, parent pid) of ``pid``, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.find("(") + 1: stat.rfind(")")], int(stat[stat.rfind(")") + 2:].split()[1])
+
+
+def is_daemon(pid: int, name: str = "xl2tpd") -> bool:
+    """``pid`` runs the system's ``name`` binary (a copy elsewhere, or a
+    process merely named so, does not count)."""
+    e = exe(pid)
+    return e is not None and e in trusted_exes(name)

@@ -168,6 +168,7 @@ class Instance:
         self.calling_seen = 0
         self.serial_anchor: Optional[tuple[int, int]] = None
         self.pending_argv: Optional[tuple[str, ...]] = None
+        self.foreign_pids: set[int] = set()
         self.last_lac_call: Optional[int] = None
         self.status_tunnel: Optional[int] = None
 
@@ -176,6 +177,12 @@ class Tracker:
     def __init__(self) -> None:
         self.instances: dict[str, Instance] = {}
         self.bad_lines = 0
+        self.foreign_lines = 0
+        self.notes: list[str] = []  # warnings for the owner to log (Discovery moves them to its warnings)
+        # Is this pid (the xl2tpd a stream names) still running?  Discovery
+        # answers from /proc (procscan.is_daemon); the pure tracker says no,
+        # so a new pid is a restart, as in a replayed log.
+        self.daemon_alive: Callable[[int], bool] = lambda pid: False
         # True while nobody will read the events (Discovery.refresh(events=False)):
         # the model is updated the same, but no event or snapshot copy is made.
         # A daemon starting on logs with 10,000 calls would otherwise build
@@ -294,6 +301,15 @@ class Tracker:
             self.bad_lines += 1
             return []
         if rec.pid is not None and ins.daemon_pid is not None and rec.pid != ins.daemon_pid:
+            if self.daemon_alive(ins.daemon_pid):
+                # the stream's xl2tpd still runs: a second xl2tpd writes here, or
+                # anyone forged the line (syslog takes any tag): never a restart
+                self.foreign_lines += 1
+                if rec.pid not in ins.foreign_pids:
+                    ins.foreign_pids.add(rec.pid)
+                    self.notes.append(f"{instance}: lines tagged xl2tpd[{rec.pid}] ignored: this stream's xl2tpd "
+                                      f"is pid {ins.daemon_pid}, still running (a second xl2tpd, or forged)")
+                return []
             # another xl2tpd process writes to this stream: the old one is gone
             ev = self._all_down(ins, f"xl2tpd pid {ins.daemon_pid} replaced by {rec.pid}")
             ins.daemon_pid = rec.pid

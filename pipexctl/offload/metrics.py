@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, GaugeMetricFamily,
+                                   HistogramMetricFamily, InfoMetricFamily)
 from prometheus_client.registry import Collector
 
 SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
@@ -17,6 +18,9 @@ SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes
 
 def families(m: dict) -> Iterator:
     """Prometheus metric families from one ``metrics()`` snapshot."""
+    from .. import __version__
+
+    yield InfoMetricFamily("pipexctl_build", "pipexctl's version", value={"version": __version__})
     g = GaugeMetricFamily("pipexctl_calls", "xl2tpd calls known to discovery, by role and data path",
                           labels=["role", "data_path"])
     for c in m["calls"]:
@@ -61,6 +65,10 @@ def families(m: dict) -> Iterator:
         if k in lat:
             g.add_metric([q], lat[k] / 1000)
     yield g
+    h = m["channel_latency_histogram"]
+    yield HistogramMetricFamily("pipexctl_channel_latency_histogram_seconds",
+                                "pppd request to channel sent, every offload since start",
+                                buckets=h["buckets"], sum_value=h["sum"])
     yield GaugeMetricFamily("pipexctl_kernel_readable", "1 when the last scrape read the kernel's counters",
                             value=0 if m["kernel_error"] else 1)
     dp = m["datapath"]
@@ -84,11 +92,12 @@ class ServeCollector(Collector):
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """``[HOST]:PORT`` -> (host, port); an empty host is every address."""
+    """``[HOST]:PORT`` -> (host, port); an empty host is 127.0.0.1 (the
+    numbers name subscribers' addresses: every address only when asked)."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r}: expected [HOST]:PORT, e.g. 127.0.0.1:9469 or :9469")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def start(service, listen: str):
@@ -96,7 +105,10 @@ def start(service, listen: str):
     from prometheus_client import start_http_server
 
     host, port = parse_listen(listen)
+    from prometheus_client import ProcessCollector
+
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ServeCollector(service))
+    ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_open_fds, process_resident_memory_bytes
     httpd, _thread = start_http_server(port, addr=host, registry=reg)
     return httpd

@@ -41,7 +41,7 @@ class PtyHolder:
             if old is not None:
                 self._close(old)
             self._fds[key] = fd
-            self._sel.register(fd, selectors.EVENT_READ)
+            self._sel.register(fd, selectors.EVENT_READ, key)
 
     def release(self, key: Hashable) -> None:
         with self._lock:
@@ -76,9 +76,16 @@ class PtyHolder:
                 with self._lock:
                     # only if still held: a released fd's number may already
                     # name another file (a tunnel socket) by now
-                    if self._sel.get_map().get(k.fd) is None:
+                    if self._sel.get_map().get(k.fd) is not k:
                         continue
                     try:
-                        os.read(k.fd, 65536)
-                    except OSError:
-                        pass
+                        gone = not os.read(k.fd, 65536)
+                    except BlockingIOError:
+                        gone = False
+                    except OSError:  # EIO: xl2tpd closed the master (the call ended)
+                        gone = True
+                    if gone:
+                        # else epoll reports it readable for ever: a busy loop
+                        del self._fds[k.data]
+                        self._close(k.fd)
+                        log.info("pty of call %s closed by xl2tpd: released", k.data[-1])

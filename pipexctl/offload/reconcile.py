@@ -13,25 +13,15 @@ import logging
 import os
 import socket
 import time
-from typing import Optional
 
 from .. import errors
+from ..discovery import procscan
 from ..kernel.pppol2tp import take_udp_socket
 from . import statefile
 from .service import OffloadService, TunnelState
 from .statefile import SessionRecord
 
 log = logging.getLogger("pipexctl.serve")
-
-
-def proc_comm(pid: int) -> Optional[tuple[str, int]]:
-    """(comm, parent pid) of ``pid``, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat[stat.find("(") + 1: stat.rfind(")")], int(stat[stat.rfind(")") + 2:].split()[1])
 
 
 def relay_recorded(svc: OffloadService) -> list[socket.socket]:
@@ -56,11 +46,12 @@ def relay_recorded(svc: OffloadService) -> list[socket.socket]:
     return socks
 
 
-def _alive(svc: OffloadService):
-    def alive(instance: str, tunnel_id: int, call_id: int, pid: int) -> bool:
-        who = proc_comm(pid)
-        return bool(who) and who[0] == "pppd" and svc.watch.has_call(instance, tunnel_id, call_id, pid)
-    return alive
+def _alive(instance: str, tunnel_id: int, call_id: int, pid: int) -> bool:
+    """A recorded call lives while its pppd does.  Discovery is not asked: its
+    model comes from log lines anyone can forge, and a kernel session that
+    still exists is held open by the pppd that got its channel."""
+    who = procscan.comm_ppid(pid)
+    return who is not None and who[0] == "pppd"
 
 
 def _rehold_pty(svc: OffloadService, instance: str, s: SessionRecord) -> None:
@@ -94,7 +85,7 @@ def reconcile(svc: OffloadService) -> dict:
     except errors.PipexError as e:
         log.warning("reconcile: cannot read kernel state (%s); nothing adopted", e)
         kt, ks = [], []
-    p = statefile.plan(state, kt, ks, _alive(svc))
+    p = statefile.plan(state, kt, ks, _alive)
     for tid, sid, why in p.remove_sessions:
         svc.gone_ok(lambda: svc.orch.delete_session(tid, sid))
         log.info("reconcile: removed orphan session %d/%d (%s)", tid, sid, why)
@@ -110,9 +101,12 @@ def reconcile(svc: OffloadService) -> dict:
             if sock is not None:
                 break
         ts = TunnelState(rec.instance, rec.tunnel_id, rec.peer_tunnel_id, rec.local, rec.peer, rec.peer_port,
-                         sock, rec.local_port)
+                         sock, rec.local_port, xl2tpd_pid=rec.xl2tpd_pid)
+        if ts.xl2tpd_pid is not None:
+            svc.exits.watch(ts.xl2tpd_pid)
         for r in rec.sessions:
             _rehold_pty(svc, rec.instance, r)
+            svc.exits.watch(r.pppd_pid)
             ts.records[r.call_id] = r
         svc.tunnels[(rec.instance, rec.tunnel_id)] = ts
         sessions = ", ".join(str(r.call_id) for r in rec.sessions)

@@ -18,10 +18,11 @@ Run it in xl2tpd's network namespace (``ip netns exec NS pipexctl serve``).
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
 import os
 import select
+import selectors
 import socket
 import struct
 import threading
@@ -29,16 +30,53 @@ import time
 from typing import Optional
 
 from .. import errors
+from ..discovery import procscan
 from ..discovery.discovery import Discovery
 from ..kernel.backend import KernelBackend
-from . import reconcile
+from . import paths, reconcile
+from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, is_ack, parse_request, reply
 from .datapath import DataPath
 from .service import OffloadService
 from .watch import CallWatch
 
 log = logging.getLogger("pipexctl.serve")
 
-MAX_REQUEST = 4096
+
+
+def prove_requester(pid: int) -> tuple[Optional[int], str]:
+    """(its xl2tpd's pid, "") when ``pid`` is the system pppd, started by root,
+    child of the system xl2tpd; else (None, refusal reason).
+
+    SO_PEERCRED gives the effective uid only: Debian's pppd is setuid root,
+    so a user of group dip passes it.  The real, saved and filesystem uids
+    tell.  Binaries are judged by /proc/PID/exe, never by their name."""
+    u = procscan.uids(pid)
+    if u is None:
+        return None, "requester_gone"
+    if any(u):
+        return None, "pppd_not_started_by_root"
+    who = procscan.comm_ppid(pid)
+    if who is None or procscan.exe(pid) not in procscan.trusted_exes("pppd"):
+        return None, "not_a_pppd_of_xl2tpd"
+    if not procscan.is_daemon(who[1], "xl2tpd"):
+        return None, "not_a_pppd_of_xl2tpd"
+    return who[1], ""
+
+
+def _running(pidfd: Optional[int]) -> bool:
+    """The process behind ``pidfd`` has not exited (a pidfd polls readable then)."""
+    if pidfd is None:
+        return True  # no pidfd: checked by /proc only
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return not p.poll(0)
+
+
+REFUSALS = {
+    "requester_gone": "pid {pid} exited before its request was answered",
+    "pppd_not_started_by_root": "pid {pid} is a pppd started by a user (setuid): only xl2tpd's pppds are offloaded",
+    "not_a_pppd_of_xl2tpd": "pid {pid} is not a pppd started by xl2tpd",
+}
 
 
 def _ttyname(fd: Optional[int]) -> Optional[str]:
@@ -47,28 +85,6 @@ def _ttyname(fd: Optional[int]) -> Optional[str]:
     except OSError:
         return None
     return name if name and name.startswith("/dev/pts/") else None
-
-
-OPS = ("status", "metrics", "reconcile", "channel")
-
-
-def parse_request(data: bytes) -> tuple[Optional[str], Optional[str]]:
-    """(op, None) for a valid request line, or (None, refusal reason).
-
-    One JSON object with a known ``"op"``, at most MAX_REQUEST bytes; the
-    rest of the object is ignored (the pppd is known by SO_PEERCRED, not by
-    what it says).  Pure, so it is fuzzed on the host."""
-    if len(data) > MAX_REQUEST:
-        return None, "request_too_large"
-    try:
-        req = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None, "malformed_request"
-    if not isinstance(req, dict) or "op" not in req:
-        return None, "malformed_request"
-    if req["op"] not in OPS:
-        return None, "unknown_op"
-    return req["op"], None
 
 
 class OffloadServer:
@@ -86,9 +102,6 @@ class OffloadServer:
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
-        d = os.path.dirname(self.socket_path) or "."
-        os.makedirs(d, mode=0o700, exist_ok=True)
-        os.chmod(d, 0o700)
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -105,6 +118,9 @@ class OffloadServer:
 
     def serve_forever(self) -> None:
         svc = self.service
+        # refused before anything is made: never a socket or state file where others can write
+        paths.private_dir(os.path.dirname(self.socket_path), "socket")
+        paths.private_dir(os.path.dirname(svc.state_path), "state")
         early = reconcile.relay_recorded(svc)
         with svc.lock:
             self.watch.first_read()
@@ -115,16 +131,32 @@ class OffloadServer:
         threading.Thread(target=self.watch.run, name="discovery", daemon=True,
                          args=(self.stop, self.reload),
                          kwargs={"handle": svc.handle, "reloaded": self._reloaded,
-                                 # a firewall reload may have flushed the twins' steering
-                                 "tick": svc.datapath.check}).start()
+                                 "tick": svc.tick}).start()
         log.info("serving on %s", self.socket_path)
+        sel = selectors.DefaultSelector()
+        sel.register(srv, selectors.EVENT_READ)
+        warned = 0.0
         try:
             while not self.stop.is_set():
-                r, _, _ = select.select([srv], [], [], 0.2)
-                if r:
+                if not sel.select(0.2):
+                    continue
+                try:
                     conn, _ = srv.accept()
-                    threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                    continue
+                except OSError as e:
+                    if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        raise
+                    # out of file descriptors: pppds fall back to the pty meanwhile;
+                    # the daemon keeps serving (one fd per offloaded call is held)
+                    if time.monotonic() - warned > 60:
+                        warned = time.monotonic()
+                        log.warning("cannot accept a request: %s (raise LimitNOFILE); retrying", e.strerror)
+                    self.stop.wait(0.5)
+                    continue
+                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
         finally:
+            sel.close()
             srv.close()
             try:
                 os.unlink(self.socket_path)
@@ -156,11 +188,12 @@ class OffloadServer:
                 data += chunk
             if not data:
                 return  # connected and closed without a request (a liveness probe)
-            op, refusal = parse_request(data)
-            if refusal is not None:
+            req, refusal = parse_request(data)
+            if req is None:
                 self._reply(conn, {"ok": False, "error": refusal.replace("_", " ")})
                 self.service.refused(refusal)
                 return
+            op = req.op
             if op == "status":
                 self._reply(conn, {"ok": True, **self.service.status()})
             elif op == "metrics":
@@ -170,7 +203,7 @@ class OffloadServer:
                     self._reply(conn, {"ok": True, "reconcile": reconcile.reconcile(self.service)})
             elif op == "channel":
                 pty = fds.pop(0) if fds and os.isatty(fds[0]) else None
-                self._channel(conn, pid, pty)
+                self._channel(conn, pid, pty, req.acks)
             else:  # parse_request lets only known ops through
                 raise AssertionError(op)
         except OSError as e:
@@ -187,28 +220,59 @@ class OffloadServer:
             conn.close()
 
     def _reply(self, conn: socket.socket, obj: dict, fds: Optional[list[int]] = None) -> None:
-        data = json.dumps(obj).encode() + b"\n"
+        data = reply(**obj)
         if not fds:
             conn.sendall(data)
         else:
             socket.send_fds(conn, [data], fds)
 
-    def _channel(self, conn: socket.socket, pid: int, pty: Optional[int]) -> None:
+    @staticmethod
+    def _await_ack(conn: socket.socket, pid: int) -> None:
+        """The plugin's word that it holds a channel it checked; else (it
+        timed out, or refused the sockets) the offload is undone."""
+        conn.settimeout(ACK_TIMEOUT)
+        line = b""
+        try:
+            while b"\n" not in line and len(line) < 256:
+                chunk = conn.recv(256)
+                if not chunk:
+                    break
+                line += chunk
+        except socket.timeout:
+            pass
+        if not is_ack(line.split(b"\n")[0]):
+            raise errors.ChannelNotTakenError(f"pppd {pid} did not acknowledge its channel "
+                                       f"({'closed' if not line else 'said ' + line[:60].decode('latin-1')!r})")
+
+    def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool) -> None:
         held = False
         try:
-            held = self._channel_inner(conn, pid, pty)
+            held = self._channel_inner(conn, pid, pty, acks)
         finally:
             if pty is not None and not held:
                 os.close(pty)  # not taken over: pppd stays on its pty
 
-    def _channel_inner(self, conn: socket.socket, pid: int, pty: Optional[int]) -> bool:
+    def _channel_inner(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool) -> bool:
         """Offload pppd ``pid``'s call; True when ``pty`` is now held by us."""
+        try:
+            pidfd: Optional[int] = os.pidfd_open(pid)  # first: the /proc reads below are then of this process
+        except ProcessLookupError:
+            pidfd = None
+        try:
+            return self._offload_for(conn, pid, pty, pidfd, acks)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _offload_for(self, conn: socket.socket, pid: int, pty: Optional[int], pidfd: Optional[int],
+                     acks: bool) -> bool:
         svc = self.service
-        who = reconcile.proc_comm(pid)
-        parent = reconcile.proc_comm(who[1]) if who else None
-        if not who or who[0] != "pppd" or not parent or parent[0] != "xl2tpd":
-            svc.refused("not_a_pppd_of_xl2tpd")
-            self._reply(conn, {"ok": False, "error": f"pid {pid} is not a pppd started by xl2tpd"})
+        xl2tpd_pid, refusal = prove_requester(pid) if pidfd is not None else (None, "requester_gone")
+        if refusal or not _running(pidfd):
+            refusal = refusal or "requester_gone"
+            svc.refused(refusal)
+            log.warning("channel request of pid %d refused: %s", pid, refusal.replace("_", " "))
+            self._reply(conn, {"ok": False, "error": REFUSALS[refusal].format(pid=pid)})
             return False
         t0 = time.monotonic()
         call, why = self.watch.call_of(pid, self.wait)
@@ -220,10 +284,14 @@ class OffloadServer:
             return False
 
         def hand_off(meta: dict, fds: list) -> None:
-            self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1}, fds=fds)
+            if not _running(pidfd):  # the pppd that asked is gone: undo, send nothing
+                raise errors.NotFoundError(f"pppd {pid} exited before its channel was sent")
+            self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1, "v": VERSION}, fds=fds)
+            if acks:
+                self._await_ack(conn, pid)
 
         try:
-            ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off)
+            ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid)
         except (errors.PipexError, OSError) as e:
             svc.failed(e)
             log.warning("offload of call %d (pppd %d) failed: %s", call.call_id, pid, e)

@@ -21,12 +21,12 @@ adopts it after a restart).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import os
 import socket
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -37,6 +37,7 @@ from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from ..orchestrator import Orchestrator, Transaction
 from . import statefile
 from .datapath import DataPath
+from .exits import Exits
 from .ptys import PtyHolder
 from .statefile import SessionRecord, TunnelRecord
 from .watch import CallWatch
@@ -48,6 +49,9 @@ log = logging.getLogger("pipexctl.serve")
 # SIGKILL at that point of the offload sequence, as a crash or an OOM kill
 # there would.  Unset (always, in production) they cost one set lookup.
 FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "state-saved", "channel-sent")
+
+# seconds, request -> channel sent: Prometheus histogram bounds
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # hand_off(meta, fds): sends the channel (fds[0]) and the tunnel's socket to pppd
 HandOff = Callable[[dict, list], None]
@@ -79,11 +83,14 @@ class TunnelState:
     sock: Optional[socket.socket]  # None: adopted, and no pppd copy could be taken back
     local_port: int
     records: dict[int, SessionRecord] = field(default_factory=dict)  # by call id: the offloaded sessions
+    xl2tpd_pid: Optional[int] = None  # the verified parent of its pppds (None: not known, an old record)
+    down: Optional[str] = None  # discovery said it ended while pppds still ran: why
 
     def record(self) -> TunnelRecord:
         return TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id, peer_tunnel_id=self.peer_tunnel_id,
                             local=self.local, peer=self.peer, peer_port=self.peer_port,
-                            local_port=self.local_port, sessions=[self.records[c] for c in sorted(self.records)])
+                            local_port=self.local_port, sessions=[self.records[c] for c in sorted(self.records)],
+                            xl2tpd_pid=self.xl2tpd_pid)
 
 
 class OffloadService:
@@ -98,9 +105,13 @@ class OffloadService:
         self.lock = threading.RLock()
         self.tunnels: dict[tuple[str, int], TunnelState] = {}
         self.ptys = PtyHolder()
-        self.stats = {"offloaded": 0, "refused": 0, "failed": 0, "removed": 0, "adopted": 0, "orphans_removed": 0}
+        self.exits = Exits()
+        self.stats = {"offloaded": 0, "refused": 0, "failed": 0, "removed": 0, "adopted": 0, "orphans_removed": 0,
+                      "unconfirmed_ends": 0}
         self.reasons: collections.Counter = collections.Counter()  # (refused|failed, reason) -> count
         self.latencies: collections.deque = collections.deque(maxlen=1000)  # request -> fd sent, seconds
+        self.latency_hist = [0] * (len(LATENCY_BUCKETS) + 1)  # cumulative-free counts; the last is +Inf
+        self.latency_sum = 0.0
         self._clock = threading.Lock()  # counters bumped by concurrent request threads
         self.last_reconcile: dict = {}
         self.reconciles = 0
@@ -131,6 +142,8 @@ class OffloadService:
         with self._clock:
             self.stats["offloaded"] += 1
             self.latencies.append(seconds)
+            self.latency_hist[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+            self.latency_sum += seconds
 
     def latencies_now(self) -> list[float]:
         with self._clock:
@@ -138,8 +151,11 @@ class OffloadService:
 
     # ---------------------------------------------------------- the offload
     def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None,
-                hand_off: Optional[HandOff] = None) -> tuple[PPPChannel, dict]:
+                hand_off: Optional[HandOff] = None, xl2tpd_pid: Optional[int] = None) -> tuple[PPPChannel, dict]:
         """Give ``call`` a kernel channel; all or nothing.
+
+        ``pppd_pid`` and ``xl2tpd_pid`` (its verified parent) are watched:
+        their exits, not log lines, end the session and the tunnel.
 
         ``hand_off(meta, fds)`` runs last, inside the transaction: if it
         raises, the session (and a tunnel made for it) is undone.  The caller
@@ -155,7 +171,7 @@ class OffloadService:
                 self.drop_tunnel(key, f"its id {call.tunnel_id} now names a new tunnel to {call.peer}")
                 ts = None
             if ts is None:
-                ts = self._new_tunnel(call, tx)
+                ts = self._new_tunnel(call, tx, xl2tpd_pid)
             if call.call_id in ts.records and self._stale_session(ts, call.call_id):
                 # the id of a call whose end discovery has not reported yet
                 self._forget_session(ts, call.call_id, "its id was reused by a new call")
@@ -171,10 +187,11 @@ class OffloadService:
                                 Session(tunnel_id=ts.tunnel_id, session_id=call.call_id,
                                         peer_session_id=call.peer_call_id, pw_type=PwType.ppp))
             self.failpoint("channel-connected")
-            tx.on_rollback(lambda: ts.records.pop(call.call_id, None))
-            ts.records[call.call_id] = SessionRecord(call_id=call.call_id, peer_call_id=call.peer_call_id,
-                                                     pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role,
-                                                     pty=pty)
+            rec = SessionRecord(call_id=call.call_id, peer_call_id=call.peer_call_id,
+                                pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role, pty=pty)
+            self.exits.watch(rec.pppd_pid)
+            tx.on_rollback(lambda: (ts.records.pop(call.call_id, None), self.exits.unwatch(rec.pppd_pid)))
+            ts.records[call.call_id] = rec
             self.save()
             self.failpoint("state-saved")
             meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
@@ -185,7 +202,7 @@ class OffloadService:
                 hand_off(meta, [ch.fileno()] + ([ts.sock.fileno()] if ts.sock is not None else []))
             return ch, meta
 
-    def _new_tunnel(self, call: CallInfo, tx: Transaction) -> TunnelState:
+    def _new_tunnel(self, call: CallInfo, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:
         peer_port = call.peer_port or 1701
         local = self.datapath.local_for(call.peer, peer_port)
         # a second tunnel from the same peer address and port cannot have
@@ -199,8 +216,11 @@ class OffloadService:
                                     fd=s.fileno()))
         key = (call.instance, call.tunnel_id)
         ts = self.tunnels[key] = TunnelState(call.instance, call.tunnel_id, call.peer_tunnel_id, local, call.peer,
-                                             peer_port, s, s.getsockname()[1])
+                                             peer_port, s, s.getsockname()[1], xl2tpd_pid=xl2tpd_pid)
         tx.on_rollback(lambda: self.tunnels.pop(key, None))
+        if xl2tpd_pid is not None:
+            self.exits.watch(xl2tpd_pid)
+            tx.on_rollback(lambda: self.exits.unwatch(xl2tpd_pid))
         self.failpoint("tunnel-created")
         log.info("kernel tunnel %d/%d on %s:%d <-> %s:%d%s", ts.tunnel_id, ts.peer_tunnel_id, local, ts.local_port,
                  call.peer, peer_port, " (steered: another tunnel has this address pair)" if twin else "")
@@ -216,10 +236,28 @@ class OffloadService:
         return False
 
     def _forget_session(self, ts: TunnelState, call_id: int, why: str) -> None:
-        ts.records.pop(call_id, None)
+        self._end_call(ts, call_id, f"had ended ({why})", delete=False)
+
+    def _end_call(self, ts: TunnelState, call_id: int, why: str, delete: bool = True) -> None:
+        """Remove an offloaded session (``delete``: from the kernel too; it is
+        gone already when its pppd closed the channel)."""
+        rec = ts.records.pop(call_id, None)
+        if rec is None:
+            return
+        self.exits.unwatch(rec.pppd_pid)
         self.ptys.release((ts.instance, call_id))
+        if delete:
+            self.gone_ok(lambda: self.orch.delete_session(ts.tunnel_id, call_id))
         self.stats["removed"] += 1
-        log.info("call %d of tunnel %d had ended (%s)", call_id, ts.tunnel_id, why)
+        log.info("call %d of tunnel %d %s", call_id, ts.tunnel_id, why)
+
+    def _xl2tpd_gone(self, ts: TunnelState) -> bool:
+        return ts.xl2tpd_pid is not None and not self.exits.alive(ts.xl2tpd_pid, "xl2tpd")
+
+    def _confirmed(self, ts: TunnelState, rec: SessionRecord) -> bool:
+        """A call's end is confirmed by its pppd's exit or its xl2tpd's: a log
+        line alone (anyone can write one) never ends a running call."""
+        return not self.exits.alive(rec.pppd_pid) or self._xl2tpd_gone(ts)
 
     # ---------------------------------------------------------- endings
     def drop_tunnel(self, key, reason: str, sync: bool = True) -> None:
@@ -227,9 +265,12 @@ class OffloadService:
         ts = self.tunnels.pop(key, None)
         if ts is None:
             return
-        for cid in ts.records:
+        for cid, rec in ts.records.items():
             self.ptys.release((ts.instance, cid))
+            self.exits.unwatch(rec.pppd_pid)
         ts.records.clear()
+        if ts.xl2tpd_pid is not None:
+            self.exits.unwatch(ts.xl2tpd_pid)
         # pppds hold copies of the socket, so closing ours is not enough
         self.gone_ok(lambda: self.orch.delete_tunnel(ts.tunnel_id))
         if ts.sock is not None:
@@ -254,32 +295,75 @@ class OffloadService:
                 self.on_event(e)
 
     def on_event(self, e) -> None:
+        """Discovery's word that a call or tunnel ended, acted on once an
+        exit confirms it (``sweep`` finishes what waits for one)."""
         if isinstance(e, CallDown):
-            key = (e.call.instance, e.call.tunnel_id)
-            ts = self.tunnels.get(key)
+            ts = self.tunnels.get((e.call.instance, e.call.tunnel_id))
             rec = ts.records.get(e.call.call_id) if ts else None
-            if rec is not None and e.call.pppd_pid and rec.pppd_pid != e.call.pppd_pid:
+            if rec is None:
+                self.ptys.release((e.call.instance, e.call.call_id))
+                return
+            if e.call.pppd_pid and rec.pppd_pid != e.call.pppd_pid:
                 # the end of an earlier call with this id (xl2tpd reused it and
                 # the new call was offloaded first): not this session's end
                 log.info("call %d of tunnel %d: end of pppd %d's call, not of pppd %d's: kept", e.call.call_id,
                          ts.tunnel_id, e.call.pppd_pid, rec.pppd_pid)
                 return
-            self.ptys.release((e.call.instance, e.call.call_id))
-            if ts and e.call.call_id in ts.records:
-                del ts.records[e.call.call_id]
-                self.gone_ok(lambda: self.orch.delete_session(ts.tunnel_id, e.call.call_id))
-                self.stats["removed"] += 1
-                log.info("call %d of tunnel %d ended (%s): offload removed", e.call.call_id, ts.tunnel_id, e.reason)
-                self.save()
+            if not self._confirmed(ts, rec):
+                self.stats["unconfirmed_ends"] += 1
+                log.warning("call %d of tunnel %d: discovery says it ended (%s), but its pppd %d runs: kept "
+                            "until pppd exits", e.call.call_id, ts.tunnel_id, e.reason, rec.pppd_pid)
+                return
+            self._end_call(ts, e.call.call_id, f"ended ({e.reason}): offload removed")
+            if ts.down is not None and not ts.records:
+                self.drop_tunnel((ts.instance, ts.tunnel_id), ts.down, sync=False)
+            self.save()
         elif isinstance(e, TunnelDown):
             key = (e.tunnel.instance, e.tunnel.tunnel_id)
             ts = self.tunnels.get(key)
-            if ts is not None and e.tunnel.peer_tunnel_id and e.tunnel.peer_tunnel_id != ts.peer_tunnel_id:
+            if ts is None:
+                return
+            if e.tunnel.peer_tunnel_id and e.tunnel.peer_tunnel_id != ts.peer_tunnel_id:
                 log.info("tunnel %d: end of the earlier tunnel with this id (peer id %d, ours is %d): kept",
                          ts.tunnel_id, e.tunnel.peer_tunnel_id, ts.peer_tunnel_id)
                 return
-            if ts is not None:
+            for cid in [c for c, r in ts.records.items() if self._confirmed(ts, r)]:
+                self._end_call(ts, cid, f"ended ({e.reason}): offload removed")
+            if ts.records:
+                ts.down = e.reason
+                self.stats["unconfirmed_ends"] += 1
+                log.warning("tunnel %d: discovery says it ended (%s), but pppd(s) %s run: kept until they exit",
+                            ts.tunnel_id, e.reason, ", ".join(str(r.pppd_pid) for r in ts.records.values()))
+                self.save()
+            else:
                 self.drop_tunnel(key, e.reason)
+
+    def tick(self) -> None:
+        """Every half second (the watcher): a firewall reload may have flushed
+        the twins' steering; a watched process may have exited."""
+        self.datapath.check()
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Act on exits: a pppd's ends its session, an xl2tpd's its tunnels, and
+        a tunnel discovery said ended goes with its last pppd."""
+        if not self.exits.exited():
+            return
+        with self.lock:
+            changed = False
+            for key, ts in list(self.tunnels.items()):
+                if self._xl2tpd_gone(ts):
+                    self.drop_tunnel(key, f"xl2tpd pid {ts.xl2tpd_pid} exited", sync=False)
+                    changed = True
+                    continue
+                for cid in [c for c, r in ts.records.items() if not self.exits.alive(r.pppd_pid)]:
+                    self._end_call(ts, cid, f"ended (pppd {ts.records[cid].pppd_pid} exited): offload removed")
+                    changed = True
+                if ts.down is not None and not ts.records:
+                    self.drop_tunnel(key, ts.down, sync=False)
+                    changed = True
+            if changed:
+                self.save()
 
     # ---------------------------------------------------------- state
     def save(self) -> None:
@@ -309,71 +393,14 @@ class OffloadService:
                 self._mbackend.close()
             self._mbackend = None
         self.datapath.close()
+        self.exits.close()
 
     def status(self) -> dict:
-        with self.lock:
-            return {
-                "tunnels": [{"tunnel_id": t.tunnel_id, "peer_tunnel_id": t.peer_tunnel_id, "local": t.local,
-                             "local_port": t.local_port, "steered": t.local_port != self.xl2tpd_port,
-                             "peer": f"{t.peer}:{t.peer_port}",
-                             "sessions": sorted(t.records), "holds_socket": t.sock is not None,
-                             "pppd_pids": {c: r.pppd_pid for c, r in t.records.items()}}
-                            for t in self.tunnels.values()],
-                "stats": dict(self.stats),
-                "datapath": self.datapath.stats(),
-                "reconcile": self.last_reconcile,
-                "channel_latency_ms": percentiles([x * 1000 for x in self.latencies_now()]),
-            }
+        from .report import status
+
+        return status(self)
 
     def metrics(self) -> dict:
-        """The numbers behind ``--metrics`` (Prometheus) and ``pipexctl stat --serve``.
+        from .report import metrics
 
-        Calls known to discovery by role and data path; what the daemon owns;
-        offload outcomes by reason; reconcile actions; the kernel's counters of
-        each offloaded session (at most ``max_session_series`` listed, the
-        rest summed), read through a netlink socket of its own."""
-        calls = self.watch.paths()
-        with self.lock:
-            owned = {(t.tunnel_id, cid): t.peer for t in self.tunnels.values() for cid in t.records}
-            n_tunnels = len(self.tunnels)
-            with self._clock:
-                stats, reasons = dict(self.stats), dict(self.reasons)
-        sessions, error = [], None
-        with self._mlock:
-            try:
-                if self._mbackend is None:
-                    from ..kernel.backend import NetlinkBackend
-
-                    self._mbackend = (NetlinkBackend(netns=self.backend.netns)
-                                      if isinstance(self.backend, NetlinkBackend) else self.backend)
-                sessions = [s for s in self._mbackend.session_dump() if (s.tunnel_id, s.session_id) in owned]
-            except (errors.PipexError, OSError) as e:
-                error = str(e)
-        sessions.sort(key=lambda s: (s.tunnel_id, s.session_id))
-        fields = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
-        listed = [{"tunnel_id": s.tunnel_id, "session_id": s.session_id, "peer": owned[(s.tunnel_id, s.session_id)],
-                   **{f: getattr(s.stats, f) for f in fields}} for s in sessions[: self.max_session_series]]
-        rest = sessions[self.max_session_series:]
-        return {
-            "calls": [{"role": r, "data_path": d, "count": n} for (r, d), n in sorted(calls.items())],
-            "offloaded_tunnels": n_tunnels,
-            "offloaded_sessions": len(owned),
-            "offload": {"offloaded": stats["offloaded"], "removed": stats["removed"],
-                        "refused": {r: n for (k, r), n in sorted(reasons.items()) if k == "refused"},
-                        "failed": {r: n for (k, r), n in sorted(reasons.items()) if k == "failed"}},
-            "reconcile": {"runs": self.reconciles, "adopted": stats["adopted"],
-                          "orphans_removed": stats["orphans_removed"]},
-            "sessions": listed,
-            "sessions_not_listed": {"count": len(rest), **{f: sum(getattr(s.stats, f) for s in rest) for f in fields}},
-            "channel_latency_ms": percentiles([x * 1000 for x in self.latencies_now()]),
-            "kernel_error": error,
-            "datapath": self.datapath.stats(),
-        }
-
-
-def percentiles(xs: list[float]) -> dict:
-    """p50/p99/max of request -> channel sent (the last 1,000 offloads)."""
-    if not xs:
-        return {"n": 0}
-    xs = sorted(xs)
-    return {"n": len(xs), "p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))], "max": xs[-1]}
+        return metrics(self)

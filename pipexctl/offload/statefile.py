@@ -9,8 +9,9 @@ crash leaves either the old or the new file, never a torn one.
 At start the daemon calls :func:`plan` with what the file says, what the
 kernel holds and what discovery knows, and gets three lists:
 
-- *adopt*: a session whose kernel object exists, whose pppd is alive and
-  whose call discovery still reports (same instance, tunnel, call, PID);
+- *adopt*: a session whose kernel object exists and whose pppd is alive
+  (discovery is not asked: log lines can be forged, and the kernel session
+  exists only while the pppd holding its channel does);
 - *remove*: sessions and tunnels that are ours (recorded, and the kernel
   tunnel still has the recorded ids and addresses) but orphaned;
 - *forget*: records with nothing left in the kernel, or whose ids the
@@ -63,6 +64,7 @@ class TunnelRecord:
     peer_port: int = Field(ge=1, le=65535)
     local_port: int = Field(ge=1, le=65535)
     sessions: list[SessionRecord] = Field(default_factory=list)
+    xl2tpd_pid: Optional[int] = Field(None, ge=1)  # the verified parent of its pppds
 
 
 class State(BaseModel):
@@ -108,11 +110,15 @@ def load(path: str) -> tuple[State, Optional[str]]:
 def save(path: str, state: State) -> None:
     """Atomic replace: temp file in the same directory, fsync, rename, fsync dir."""
     d = os.path.dirname(path) or "."
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    os.makedirs(d, mode=0o700, exist_ok=True)  # made here only when missing; never chmodded
     state = state.model_copy(update={"written": time.time(), "pid": os.getpid()})
     data = state.model_dump_json().encode()
     tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.unlink(tmp)  # a leftover of a crash (unlink removes a symlink itself, never its target)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -143,8 +149,7 @@ def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterab
          call_alive: Callable[[str, int, int, int], bool]) -> Plan:
     """Decide what to adopt and what to remove (pure; unit-tested).
 
-    ``call_alive(instance, tunnel_id, call_id, pppd_pid)``: discovery still
-    reports that call with that pppd, and the pppd process lives."""
+    ``call_alive(instance, tunnel_id, call_id, pppd_pid)``: the call's pppd lives."""
     kt = {t.tunnel_id: t for t in kernel_tunnels}
     ks = {(s.tunnel_id, s.session_id) for s in kernel_sessions}
     p = Plan()

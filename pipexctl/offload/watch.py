@@ -22,6 +22,15 @@ from ..discovery.state import CallInfo
 log = logging.getLogger("pipexctl.serve")
 
 
+def _survive(fn: Callable[[], object]) -> None:
+    """The watcher never dies: a failure (an nft or netlink error, a bug) is
+    logged and the next round tries again."""
+    try:
+        fn()
+    except Exception:
+        log.exception("discovery watcher: step failed (retried on the next round)")
+
+
 class CallWatch:
     def __init__(self, discovery: Discovery, *, log_interval: float = 0.2, reconcile_interval: float = 5.0) -> None:
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
@@ -80,11 +89,6 @@ class CallWatch:
                                   f"{mine.peer_call_id})" if mine else "no call names this pid")
                 self.polled.wait(min(left, 1.0))
 
-    def has_call(self, instance: str, tunnel_id: int, call_id: int, pid: int) -> bool:
-        with self.lock:
-            return any(c.instance == instance and c.tunnel_id == tunnel_id and c.call_id == call_id
-                       and c.pppd_pid == pid for c in self.d.tracker.calls())
-
     def paths(self) -> Counter:
         """Known calls by (role, data path), for the metrics."""
         with self.lock:
@@ -98,10 +102,10 @@ class CallWatch:
         while not stop.wait(self.log_interval):
             if time.monotonic() - checked >= 0.5:
                 checked = time.monotonic()
-                tick()
+                _survive(tick)
             if reload.is_set():
                 reload.clear()
-                reloaded(self.refresh())
+                _survive(lambda: reloaded(self.refresh()))
             now = time.monotonic()
             full = now - last >= self.reconcile_interval
             ev = []
@@ -113,11 +117,14 @@ class CallWatch:
                 except Exception:  # never let the watcher die: log and go on
                     log.exception("discovery poll failed")
                 ev, self.pending = self.pending + ev, []
+                for w in self.d.warnings:
+                    log.warning("discovery: %s", w)
+                del self.d.warnings[:]
                 self.polled.notify_all()
                 took = time.monotonic() - t
             if took > 1.0:
                 log.info("slow discovery poll: %.0f ms (full=%s)", took * 1000, full)
             if ev:
-                handle(ev)
+                _survive(lambda: handle(ev))
             if full:
                 last = now

@@ -26,8 +26,10 @@ LAYERS = [
     ("orchestrator", ("pipexctl.orchestrator",)),
     ("offload service", ("pipexctl.offload.statefile", "pipexctl.offload.steering", "pipexctl.offload.relay",
                          "pipexctl.offload.datapath", "pipexctl.offload.ptys", "pipexctl.offload.watch",
-                         "pipexctl.offload.service", "pipexctl.offload.reconcile", "pipexctl.offload.pppopts")),
-    ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.metrics", "pipexctl.offload.client",
+                         "pipexctl.offload.service", "pipexctl.offload.reconcile", "pipexctl.offload.pppopts",
+                         "pipexctl.offload.exits", "pipexctl.offload.report", "pipexctl.offload.paths")),
+    ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.protocol", "pipexctl.offload.metrics",
+                    "pipexctl.offload.client",
                     "pipexctl.cli", "pipexctl.__main__")),
     ("harness", ("pipexctl.testing.", "pipexctl.testing", "pipexctl.demo")),
 ]

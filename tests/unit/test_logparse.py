@@ -64,13 +64,17 @@ def _strip(rec):
 
 
 @pytest.mark.parametrize("msg", list(LINES))
-@pytest.mark.parametrize("framing", ["bare", "plain", "syslog", "syslog-iso", "journal"])
+@pytest.mark.parametrize("framing", ["bare", "plain", "syslog", "syslog-iso", "busybox", "rfc5424", "rfc5424-sd",
+                                     "journal"])
 def test_every_message_in_every_framing(msg, framing):
     raw = {
         "bare": msg,
         "plain": f"xl2tpd[147]: {msg}",
         "syslog": f"Nov 29 23:01:02 lns xl2tpd[147]: {msg}",
         "syslog-iso": f"2026-11-29T23:01:02.123456+00:00 lns xl2tpd[147]: {msg}",
+        "busybox": f"Nov 29 23:01:02 lns daemon.notice xl2tpd[147]: {msg}",
+        "rfc5424": f"<29>1 2026-11-29T23:01:02.123456+00:00 lns xl2tpd 147 - - {msg}",
+        "rfc5424-sd": f'<29>1 2026-11-29T23:01:02Z lns xl2tpd 147 - [origin software="x" a="b\\]c"] \ufeff{msg}',
         "journal": json.dumps({"MESSAGE": msg, "_PID": "147", "SYSLOG_IDENTIFIER": "xl2tpd",
                                "__REALTIME_TIMESTAMP": "1795993200000000"}),
     }[framing]
@@ -85,7 +89,21 @@ def test_every_message_in_every_framing(msg, framing):
 
 def test_other_identifiers_are_ignored():
     assert lp.parse_lines(["Nov 29 23:01:02 lns pppd[9]: Call established with 1.2.3.4, Local: 1, Remote: 2, Serial: 1"]) == []
+    assert lp.parse_lines(["<29>1 2026-11-29T23:01:02Z lns pppd 9 - - Call established with 1.2.3.4, Local: 1, "
+                           "Remote: 2, Serial: 1"]) == []
+    assert lp.parse_lines(["Nov 29 23:01:02 lns daemon.info pppd[9]: Using l2tp kernel support."]) == []
     assert lp.parse_lines([json.dumps({"MESSAGE": "Using l2tp kernel support.", "SYSLOG_IDENTIFIER": "other"})]) == []
+
+
+def test_journal_entries_are_judged_by_journalds_trusted_fields():
+    """`logger -t "xl2tpd[147]" ...` by any user: SYSLOG_* say xl2tpd, journald's own fields say logger."""
+    forged = {"MESSAGE": "call_close: Call 5 to 10.99.1.2 disconnected", "SYSLOG_IDENTIFIER": "xl2tpd",
+              "SYSLOG_PID": "147", "_PID": "4711", "_COMM": "logger", "_EXE": "/usr/bin/logger"}
+    assert lp.split_framing(json.dumps(forged)) == (None, None, None)
+    # a copy of some binary named xl2tpd passes this filter (a name is all a line can be judged by);
+    # its pid is then another process than the stream's xl2tpd (test_trust.py), and its lines end no call
+    real = {**forged, "_COMM": "xl2tpd", "_EXE": "/usr/sbin/xl2tpd"}
+    assert lp.split_framing(json.dumps(real))[0] == 4711  # _PID wins over SYSLOG_PID
 
 
 def test_pppd_argv_spans_lines():

@@ -86,13 +86,22 @@ def test_prometheus_text_parses_and_carries_the_numbers(srv):
     offload(srv, call(1))
     srv.service.backend._sessions[(100, 1)].stats.tx_bytes = 1234
     srv.service.refused("malformed_request")
+    for seconds in (0.003, 0.03, 0.03, 7.0):
+        srv.service.offloaded(seconds)
     reg = metrics.CollectorRegistry()
     reg.register(metrics.ServeCollector(srv.service))
     text = generate_latest(reg).decode()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     val = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
     assert val[("pipexctl_offloaded_sessions", ())] == 1
-    assert val[("pipexctl_offloads_total", ())] == 1
+    assert val[("pipexctl_offloads_total", ())] == 5
+    h = "pipexctl_channel_latency_histogram_seconds"
+    assert val[(f"{h}_bucket", (("le", "0.005"),))] == 1 and val[(f"{h}_bucket", (("le", "0.05"),))] == 3
+    assert val[(f"{h}_bucket", (("le", "5.0"),))] == 3 and val[(f"{h}_bucket", (("le", "+Inf"),))] == 4
+    assert val[(f"{h}_count", ())] == 4 and abs(val[(f"{h}_sum", ())] - 7.063) < 1e-9
+    from pipexctl import __version__
+
+    assert val[("pipexctl_build_info", (("version", __version__),))] == 1
     assert val[("pipexctl_offload_refused_total", (("reason", "malformed_request"),))] == 1
     assert val[("pipexctl_session_tx_bytes_total", (("peer", "192.0.2.7"), ("session_id", "1"),
                                                     ("tunnel_id", "100")))] == 1234
@@ -102,7 +111,7 @@ def test_prometheus_text_parses_and_carries_the_numbers(srv):
     assert val[("pipexctl_steering_restored_total", ())] == 0
 
 
-@pytest.mark.parametrize("text,want", [(":9469", ("0.0.0.0", 9469)), ("127.0.0.1:80", ("127.0.0.1", 80)),
+@pytest.mark.parametrize("text,want", [(":9469", ("127.0.0.1", 9469)), ("0.0.0.0:9469", ("0.0.0.0", 9469)), ("127.0.0.1:80", ("127.0.0.1", 80)),
                                        ("[::1]:9469", ("::1", 9469))])
 def test_parse_listen(text, want):
     assert metrics.parse_listen(text) == want
@@ -141,6 +150,7 @@ def test_http_endpoint_and_stat_serve_give_the_same_numbers(srv, tmp_path):
                 threading.Event().wait(0.05)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         assert 'pipexctl_session_rx_packets_total{peer="192.0.2.7",session_id="1",tunnel_id="100"} 9.0' in body
+        assert "process_open_fds" in body and "process_resident_memory_bytes" in body
         r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path, "--json"])
         assert r.exit_code == 0, r.output
         m = json.loads(r.output)

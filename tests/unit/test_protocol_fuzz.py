@@ -6,6 +6,7 @@ valid answer), nothing is made, and the daemon keeps serving."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import socket
 import threading
 import time
@@ -17,7 +18,8 @@ from hypothesis import strategies as st
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload.datapath import NullDataPath
-from pipexctl.offload.server import MAX_REQUEST, OPS, OffloadServer, parse_request
+from pipexctl.offload.protocol import MAX_REQUEST, OPS, Request, is_ack, parse_request, reply
+from pipexctl.offload.server import OffloadServer
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
@@ -27,25 +29,41 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
 @given(st.binary(max_size=MAX_REQUEST + 200))
 @settings(max_examples=500)
 def test_parser_never_raises_on_bytes(data):
-    op, why = parse_request(data)
-    assert (op is None) != (why is None)
-    assert op is None or op in OPS
+    req, why = parse_request(data)
+    assert (req is None) != (why is None)
+    assert req is None or req.op in OPS
 
 
 @given(st.dictionaries(st.text(max_size=8), json_values, max_size=5) | json_values)
 @settings(max_examples=500)
 def test_parser_takes_only_known_ops(obj):
-    op, why = parse_request(json.dumps(obj).encode())
-    if isinstance(obj, dict) and obj.get("op") in OPS:
-        assert op == obj["op"] and why is None
+    req, why = parse_request(json.dumps(obj).encode())
+    if isinstance(obj, dict) and obj.get("op") in OPS and why is None:
+        assert req.op == obj["op"]
+        assert req.v == obj.get("v", 1) and req.acks == (req.v >= 2)
     else:
-        assert op is None and why in ("malformed_request", "unknown_op")
+        assert req is None and why in ("malformed_request", "unknown_op")
+        if isinstance(obj, dict) and obj.get("op") in OPS:  # a known op with a bad version or pid
+            assert any(k in obj for k in ("v", "pid"))
 
 
 def test_deep_nesting_and_size_limit():
     assert parse_request(b"[" * 100000) == (None, "request_too_large")
     assert parse_request(b"[" * 2000 + b"]" * 2000 + b"\n")[1] == "malformed_request"  # deep but small: no RecursionError escapes
-    assert parse_request(b'{"op": "status"}' + b" " * (MAX_REQUEST - 16)) == ("status", None)
+    assert parse_request(b'{"op": "status"}' + b" " * (MAX_REQUEST - 16)) == (Request(op="status"), None)
+
+
+def test_the_contract_the_c_plugin_reads():
+    """plugins/pipexctl.c takes a reply as success only when the line starts
+    with these bytes, and sends exactly this request and ack."""
+    assert reply(True, tunnel_id=1).startswith(b'{"ok": true,')
+    assert reply(False, error="x").startswith(b'{"ok": false,')
+    req, why = parse_request(b'{"op": "channel", "v": 2, "pid": 4242}\n')
+    assert why is None and req.acks and req.pid == 4242
+    assert is_ack(b'{"op": "ack"}') and not is_ack(b'{"op": "ack"') and not is_ack(b"")
+    src = (Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.c").read_text()
+    assert '"{\\"op\\": \\"channel\\", \\"v\\": 2, \\"pid\\": %d}\\n"' in src
+    assert '"{\\"ok\\": true,"' in src and '"{\\"op\\": \\"ack\\"}\\n"' in src
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +104,8 @@ def test_live_daemon_answers_every_input_once_and_keeps_serving(live, data):
     lines = out.splitlines()
     assert len(lines) == 1, out
     rep = json.loads(lines[0])
-    op, _ = parse_request(data)
-    if op in ("status", "metrics", "reconcile"):
+    req, _ = parse_request(data)
+    if req is not None and req.op in ("status", "metrics", "reconcile"):
         assert rep["ok"]
     else:  # not JSON, unknown op, or a "channel" from a process that is no pppd of xl2tpd
         assert rep["ok"] is False and rep["error"]

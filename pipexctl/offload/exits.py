@@ -1,0 +1,74 @@
+"""Which processes the offload depends on have exited: one pidfd each, in epoll.
+
+A pppd's exit is the one trustworthy sign that its call ended (the kernel
+session goes with its PPPoL2TP socket); an xl2tpd's exit ends all its
+tunnels.  Log lines can be forged by any local user, so the service acts
+on them only when an exit (or the kernel) confirms them.  A pidfd names
+one process for its whole life: a reused pid cannot be mistaken for it.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import threading
+
+from ..discovery import procscan
+
+
+class Exits:
+    def __init__(self) -> None:
+        self._sel = selectors.DefaultSelector()
+        self._fds: dict[int, list[int]] = {}  # pid -> [pidfd, references]
+        self._dead: set[int] = set()
+        self._lock = threading.Lock()
+
+    def watch(self, pid: int) -> bool:
+        """Follow ``pid`` (counted: every watch needs an unwatch); False when
+        it is already gone."""
+        with self._lock:
+            if pid in self._fds:
+                self._fds[pid][1] += 1
+                return pid not in self._dead
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # gone (ESRCH), or no pidfd here: the /proc fallback in alive()
+                return False
+            self._fds[pid] = [fd, 1]
+            self._sel.register(fd, selectors.EVENT_READ, pid)
+            return True
+
+    def unwatch(self, pid: int) -> None:
+        with self._lock:
+            ent = self._fds.get(pid)
+            if ent is None:
+                return
+            ent[1] -= 1
+            if ent[1] <= 0:
+                self._sel.unregister(ent[0])
+                os.close(ent[0])
+                del self._fds[pid]
+                self._dead.discard(pid)
+
+    def exited(self) -> set[int]:
+        """The watched pids that have exited (stay reported until unwatched)."""
+        with self._lock:
+            if self._fds:
+                for key, _ in self._sel.select(0):
+                    self._dead.add(key.data)
+            return set(self._dead)
+
+    def alive(self, pid: int, comm: str = "pppd") -> bool:
+        with self._lock:
+            watched = pid in self._fds
+        if watched:
+            return pid not in self.exited()
+        who = procscan.comm_ppid(pid)  # not watched (a pid from an old record): /proc
+        return who is not None and who[0] == comm
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            self._sel.close()

@@ -1,0 +1,82 @@
+"""The plugin socket's contract: one request line, one reply line (JSON).
+
+Request (plugin or `pipexctl stat --serve` -> daemon), at most MAX_REQUEST
+bytes, one JSON object ending in a newline::
+
+    {"op": "channel", "v": 2, "pid": 1234}
+
+- ``op``: ``channel`` (a pppd asks for its kernel channel; with the pty it
+  was given as SCM_RIGHTS), ``status``, ``metrics`` or ``reconcile``;
+- ``v``: the protocol version the client speaks (1 when absent).  From 2 on,
+  the client acknowledges a channel: after it has checked the sockets it
+  got, it sends ``{"op": "ack"}`` on the same connection; without that
+  line within ACK_TIMEOUT the daemon undoes the offload;
+- anything else (``pid``) is informational: the requester is known by
+  SO_PEERCRED and /proc, never by what it says.
+
+Reply: one JSON object whose FIRST member is ``ok`` (the C plugin checks
+the line's first bytes, ``{"ok": true,``), then either ``error`` (text) or
+the op's answer.  For ``channel``: ``tunnel_id``, ``peer_tunnel_id``,
+``session_id``, ``peer_session_id``, ``local``, ``peer``, ``role``,
+``tunnel_fd`` and ``v``, with the PPPoL2TP socket (and a copy of the
+tunnel's UDP socket when ``tunnel_fd``) as SCM_RIGHTS.  The plugin checks
+that the socket it got is bound to ``tunnel_id``/``session_id``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAX_REQUEST = 4096
+VERSION = 2
+ACK = b'{"op": "ack"}'
+ACK_TIMEOUT = 5.0
+
+OPS = ("status", "metrics", "reconcile", "channel")
+
+
+class Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    op: Literal["status", "metrics", "reconcile", "channel"]
+    v: int = Field(1, ge=1, le=65535)
+    pid: Optional[int] = Field(None, ge=1)
+
+    @property
+    def acks(self) -> bool:
+        return self.v >= 2
+
+
+def parse_request(data: bytes) -> tuple[Optional[Request], Optional[str]]:
+    """(request, None) for a valid request line, or (None, refusal reason).
+    Pure, so it is fuzzed on the host."""
+    if len(data) > MAX_REQUEST:
+        return None, "request_too_large"
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, "malformed_request"
+    if not isinstance(obj, dict) or "op" not in obj:
+        return None, "malformed_request"
+    if obj["op"] not in OPS:
+        return None, "unknown_op"
+    try:
+        return Request.model_validate(obj), None
+    except ValidationError:
+        return None, "malformed_request"
+
+
+def reply(ok: bool, **fields) -> bytes:
+    """One reply line, ``ok`` first."""
+    return json.dumps({"ok": ok, **fields}).encode() + b"\n"
+
+
+def is_ack(line: bytes) -> bool:
+    try:
+        obj = json.loads(line.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(obj, dict) and obj.get("op") == "ack"

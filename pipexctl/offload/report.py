@@ -1,0 +1,98 @@
+"""What the offload service reports: ``status`` (the plugin socket's
+``status`` op) and ``metrics`` (``--metrics`` and `pipexctl stat --serve`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import errors
+
+if TYPE_CHECKING:
+    from .service import OffloadService
+
+
+def status(svc: "OffloadService") -> dict:
+    with svc.lock:
+        return {
+            "tunnels": [{"tunnel_id": t.tunnel_id, "peer_tunnel_id": t.peer_tunnel_id, "local": t.local,
+                         "local_port": t.local_port, "steered": t.local_port != svc.xl2tpd_port,
+                         "peer": f"{t.peer}:{t.peer_port}",
+                         "sessions": sorted(t.records), "holds_socket": t.sock is not None,
+                         "pppd_pids": {c: r.pppd_pid for c, r in t.records.items()}}
+                        for t in svc.tunnels.values()],
+            "stats": dict(svc.stats),
+            "datapath": svc.datapath.stats(),
+            "reconcile": svc.last_reconcile,
+            "channel_latency_ms": percentiles([x * 1000 for x in svc.latencies_now()]),
+        }
+
+
+def metrics(svc: "OffloadService") -> dict:
+    """The numbers behind ``--metrics`` (Prometheus) and ``pipexctl stat --serve``.
+
+    Calls known to discovery by role and data path; what the daemon owns;
+    offload outcomes by reason; reconcile actions; the kernel's counters of
+    each offloaded session (at most ``max_session_series`` listed, the
+    rest summed), read through a netlink socket of its own."""
+    calls = svc.watch.paths()
+    # no svc.lock: a scrape loop must never delay an offload.  list() of a
+    # dict's items is one step under the GIL, so each copy is consistent
+    tunnels = list(svc.tunnels.values())
+    owned = {(t.tunnel_id, cid): t.peer for t in tunnels for cid in list(t.records)}
+    n_tunnels = len(tunnels)
+    with svc._clock:
+        stats, reasons = dict(svc.stats), dict(svc.reasons)
+    sessions, error = [], None
+    with svc._mlock:
+        try:
+            if svc._mbackend is None:
+                from ..kernel.backend import NetlinkBackend
+
+                svc._mbackend = (NetlinkBackend(netns=svc.backend.netns)
+                                  if isinstance(svc.backend, NetlinkBackend) else svc.backend)
+            sessions = [s for s in svc._mbackend.session_dump() if (s.tunnel_id, s.session_id) in owned]
+        except (errors.PipexError, OSError) as e:
+            error = str(e)
+    sessions.sort(key=lambda s: (s.tunnel_id, s.session_id))
+    fields = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
+    listed = [{"tunnel_id": s.tunnel_id, "session_id": s.session_id, "peer": owned[(s.tunnel_id, s.session_id)],
+               **{f: getattr(s.stats, f) for f in fields}} for s in sessions[: svc.max_session_series]]
+    rest = sessions[svc.max_session_series:]
+    return {
+        "calls": [{"role": r, "data_path": d, "count": n} for (r, d), n in sorted(calls.items())],
+        "offloaded_tunnels": n_tunnels,
+        "offloaded_sessions": len(owned),
+        "offload": {"offloaded": stats["offloaded"], "removed": stats["removed"],
+                    "refused": {r: n for (k, r), n in sorted(reasons.items()) if k == "refused"},
+                    "failed": {r: n for (k, r), n in sorted(reasons.items()) if k == "failed"}},
+        "reconcile": {"runs": svc.reconciles, "adopted": stats["adopted"],
+                      "orphans_removed": stats["orphans_removed"]},
+        "sessions": listed,
+        "sessions_not_listed": {"count": len(rest), **{f: sum(getattr(s.stats, f) for s in rest) for f in fields}},
+        "channel_latency_ms": percentiles([x * 1000 for x in svc.latencies_now()]),
+        "channel_latency_histogram": histogram(svc),
+        "kernel_error": error,
+        "datapath": svc.datapath.stats(),
+    }
+
+
+
+def histogram(svc: "OffloadService") -> dict:
+    """Cumulative counts per upper bound (seconds), as Prometheus wants them."""
+    from .service import LATENCY_BUCKETS
+
+    with svc._clock:
+        counts, total = list(svc.latency_hist), svc.latency_sum
+    cum, buckets = 0, []
+    for bound, n in zip([*map(str, LATENCY_BUCKETS), "+Inf"], counts):
+        cum += n
+        buckets.append([bound, cum])
+    return {"buckets": buckets, "sum": total, "count": cum}
+
+
+def percentiles(xs: list[float]) -> dict:
+    """p50/p99/max of request -> channel sent (the last 1,000 offloads)."""
+    if not xs:
+        return {"n": 0}
+    xs = sorted(xs)
+    return {"n": len(xs), "p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))], "max": xs[-1]}

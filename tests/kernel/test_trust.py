@@ -1,0 +1,180 @@
+"""Attacks and faults against `pipexctl serve`, with real xl2tpd, pppd and
+kernel: forged log lines, a requester that is not xl2tpd's pppd, running
+out of file descriptors, a socket in a shared directory.  What each did and
+what was lost (nothing) is tabled in docs/testing.md.
+
+The forged lines are appended to the log file the daemon follows, as root:
+that is what a syslog daemon writes for `logger -t "xl2tpd[PID]" ...` run
+by any local user (rsyslog's traditional file format takes the tag as
+given); the lab's xl2tpd writes that file itself."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipexctl.offload.client import ask
+from pipexctl.testing.lab import Lab, _xl2tpd_pid
+
+from .conftest import ip_l2tp, wait_until
+from .test_offload import PLUGIN, WITH_PLUGIN, kernel_objects, offloaded_call, ping
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def lab(request):
+    lab = Lab(kernel_mode=False).setup(2)
+    yield lab
+    if os.environ.get("PIPEXCTL_RESULTS"):
+        d = Path(os.environ["PIPEXCTL_RESULTS"]) / request.node.name.replace("/", "_")
+        d.mkdir(exist_ok=True)
+        lab.keep_logs(d)
+    lab.teardown()
+
+
+def answers(path) -> bool:
+    try:
+        return ask(path, {"op": "status"})["ok"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def serve_log(lab, inst) -> str:
+    return (inst.dir / "serve.log").read_text()
+
+
+def test_forged_log_lines_drop_no_call_and_the_real_end_still_cleans_up(lab):
+    _, l1 = offloaded_call(lab)
+    t = lab.serve_status(lab.lns)["tunnels"][0]
+    (cid,) = t["sessions"]
+    peer = t["peer"].split(":")[0]
+    xpid, other = _xl2tpd_pid(lab.lns), _xl2tpd_pid(l1)
+    forged = [
+        f"xl2tpd[{xpid}]: call_close: Call {cid} to {peer} disconnected",  # the real pid: corroboration must say no
+        f"xl2tpd[{xpid}]: Connection {t['peer_tunnel_id']} closed to {peer}, port 1701 (forged)",
+        "xl2tpd[1]: Using l2tp kernel support.",  # a fake restart: pid 1 is no xl2tpd
+        f"xl2tpd[{other}]: Using l2tp kernel support.",  # a second, real, running xl2tpd in this stream
+        f"xl2tpd[{xpid}]: death_handler: Fatal signal 15 received",
+    ]
+    before = kernel_objects(lab.lns.ns)
+    assert before[:2] == (1, 1)
+    with open(lab.lns.log, "a") as f:
+        for line in forged:
+            f.write(line + "\n")
+            f.flush()
+            time.sleep(0.5)
+    time.sleep(6)  # a reconcile interval (5 s) past the last line
+    assert kernel_objects(lab.lns.ns) == before, serve_log(lab, lab.lns)[-3000:]
+    ok, out = ping(l1.ns, "10.99.100.1")
+    assert ok, out
+    st = lab.serve_status(lab.lns)
+    assert [x["sessions"] for x in st["tunnels"]] == [[cid]] and st["stats"]["unconfirmed_ends"] >= 2
+    log = serve_log(lab, lab.lns)
+    assert "kept until pppd exits" in log and "lines tagged xl2tpd[1] ignored" in log
+    assert f"lines tagged xl2tpd[{other}] ignored" in log
+    # the call's own end (the LAC hangs up) still removes everything, confirmed by pppd's exit
+    lab.disconnect(l1)
+    for inst in (lab.lns, l1):
+        wait_until(lambda: kernel_objects(inst.ns) == (0, 0, 0) and not lab.pppds(inst),
+                   f"{inst.name}: the real end cleaned up", timeout=60, detail=lab.tails)
+    assert lab.serve_status(lab.lns)["tunnels"] == []
+
+
+def _metrics_refused(lab):
+    return ask(lab.serve_socket(lab.lns), {"op": "metrics"})["offload"]["refused"]
+
+
+def test_a_requester_is_proven_by_its_uids_exe_and_parent(lab, tmp_path):
+    lab.start_all(WITH_PLUGIN)
+    lab.serve(lab.lns)
+    path = lab.serve_socket(lab.lns)
+    # setuid-root pppd started by a user: effective uid 0 (SO_PEERCRED says root), real uid not
+    code = ("import os,socket,sys; os.setresuid(65534, 0, 0); s=socket.socket(socket.AF_UNIX); "
+            "s.connect(sys.argv[1]); s.sendall(b'{\"op\": \"channel\"}\\n'); print(s.recv(65536).decode())")
+    r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=60)
+    assert "pppd started by a user" in r.stdout, r.stdout + r.stderr
+    assert _metrics_refused(lab).get("pppd_not_started_by_root") == 1
+    # the system pppd with the plugin, under a parent that is named xl2tpd but is /bin/sh
+    fake = tmp_path / "xl2tpd"
+    shutil.copy("/bin/sh", fake)
+    # (not exec: the fake must stay pppd's parent)
+    r = subprocess.run([str(fake), "-c", f"/usr/sbin/pppd nodetach notty noauth local plugin {PLUGIN} "
+                        f"pipexctl_socket {path} pipexctl_required; exit $?"],
+                       stdin=subprocess.PIPE, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert _metrics_refused(lab).get("not_a_pppd_of_xl2tpd") == 1
+    assert ip_l2tp(lab.lns.ns, "tunnel") == []
+
+
+def test_running_out_of_file_descriptors_never_stops_the_daemon(lab):
+    lab.start_all(WITH_PLUGIN)
+    inst = lab.lns
+    out = open(inst.dir / "serve.log", "ab")
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    p = subprocess.Popen(["ip", "netns", "exec", inst.ns, sys.executable, "-m", "pipexctl", "serve", "-v",
+                          "--socket", lab.serve_socket(inst), "--log", str(inst.log), "--control", inst.control],
+                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=low_limit, start_new_session=True)
+    lab.serves.append(p)
+    out.close()
+    path = lab.serve_socket(inst)
+    wait_until(lambda: answers(path), "daemon up", timeout=90)
+    conns = []
+    for _ in range(100):  # idle clients: each accepted one holds an fd for its 5 s request timeout
+        s = socket.socket(socket.AF_UNIX)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+        except BlockingIOError:  # the backlog is full (the daemon cannot accept): enough
+            s.close()
+            continue
+        conns.append(s)
+    wait_until(lambda: "cannot accept a request" in serve_log(lab, inst), "EMFILE seen and logged", timeout=30)
+    for s in conns:
+        s.close()
+    assert p.poll() is None and os.path.exists(path)
+    wait_until(lambda: answers(path), "the daemon serves again", timeout=30)
+    # and an offload still works afterwards
+    lab.serve(lab.lacs[0])
+    lab.connect(lab.lacs[0])
+    wait_until(lambda: len(ip_l2tp(inst.ns, "session")) == 1, "call offloaded after EMFILE", timeout=60,
+               detail=lab.tails)
+
+
+def test_a_socket_in_a_shared_directory_is_refused_and_the_directory_left_alone(lab, tmp_path):
+    lab.start_all(WITH_PLUGIN)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    r = subprocess.run(["ip", "netns", "exec", lab.lns.ns, sys.executable, "-m", "pipexctl", "serve",
+                        "--socket", str(shared / "x.sock"), "--log", str(lab.lns.log), "--no-proc", "--no-kernel"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "writable by group or others" in r.stderr, r.stderr
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777 and not (shared / "x.sock").exists()
+    # /run itself (root's, 0755) may hold the socket; its mode is not touched
+    mode = stat.S_IMODE(os.stat("/run").st_mode)
+    p = subprocess.Popen(["ip", "netns", "exec", lab.lns.ns, sys.executable, "-m", "pipexctl", "serve",
+                          "--socket", "/run/pxtrust.sock", "--state", "/run/pipexctl-trust/state.json",
+                          "--log", str(lab.lns.log), "--no-proc", "--no-kernel"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    lab.serves.append(p)
+    try:
+        wait_until(lambda: os.path.exists("/run/pxtrust.sock"), "serve on /run/pxtrust.sock", timeout=90)
+        assert stat.S_IMODE(os.stat("/run").st_mode) == mode
+        assert stat.S_IMODE(os.stat("/run/pipexctl-trust").st_mode) == 0o700
+        wait_until(lambda: answers("/run/pxtrust.sock"), "it answers", timeout=30)
+    finally:
+        p.terminate()
+        p.wait(30)

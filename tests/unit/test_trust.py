@@ -1,0 +1,216 @@
+"""Trust decisions of `pipexctl serve` that need no kernel: an exit, not a
+log line, ends an offloaded call; a second (or forged) xl2tpd pid in a
+stream is not a restart; the requester is judged by /proc, not by name;
+the daemon's directories are private.  Real processes stand in for pppd and
+xl2tpd (their pidfds are what the service watches); the guest tests run the
+same attacks against real xl2tpd, pppd and kernel (tests/kernel/test_trust.py)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipexctl import errors
+from pipexctl.discovery import logparse as lp
+from pipexctl.discovery import procscan
+from pipexctl.discovery.discovery import Discovery
+from pipexctl.discovery.state import CallDown, CallInfo, TunnelDown, TunnelInfo, Tracker
+from pipexctl.kernel.backend import NullBackend
+from pipexctl.offload import paths, statefile
+from pipexctl.offload.datapath import NullDataPath
+from pipexctl.offload.exits import Exits
+from pipexctl.offload.ptys import PtyHolder
+from pipexctl.offload.server import OffloadServer, prove_requester
+
+
+def child():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+def call(cid, pid, tid=100):
+    return CallInfo(instance="xl2tpd", role="lns", peer="192.0.2.7", peer_port=1701, tunnel_id=tid,
+                    peer_tunnel_id=200, call_id=cid, peer_call_id=cid + 1000, pppd_pid=pid, data_path="kernel")
+
+
+@pytest.fixture
+def svc(tmp_path):
+    s = OffloadServer(str(tmp_path / "serve.sock"), Discovery([], proc=False, kernel=False), NullBackend(),
+                      NullDataPath()).service
+    s.channels = []
+    yield s
+    for ts in s.tunnels.values():
+        if ts.sock is not None:
+            ts.sock.close()
+    s.exits.close()
+
+
+def offload(svc, c, xl2tpd_pid=None):
+    ch, _ = svc.offload(c, c.pppd_pid, xl2tpd_pid=xl2tpd_pid)
+    svc.channels.append(ch)
+
+
+def test_exits_reports_a_watched_process_once_it_has_exited():
+    ex = Exits()
+    p = child()
+    assert ex.watch(p.pid) and ex.alive(p.pid) and ex.exited() == set()
+    p.kill()
+    p.wait()
+    assert ex.exited() == {p.pid} and not ex.alive(p.pid)
+    ex.unwatch(p.pid)
+    assert ex.exited() == set()
+    assert not ex.watch(p.pid)  # already gone: nothing to watch
+    ex.close()
+
+
+def test_a_call_down_while_its_pppd_runs_is_kept_until_the_pppd_exits(svc):
+    pppd = child()
+    try:
+        offload(svc, call(1, pppd.pid))
+        svc.on_event(CallDown(call=call(1, pppd.pid), reason="forged call_close line"))
+        assert 1 in svc.tunnels[("xl2tpd", 100)].records and svc.backend.session_get(100, 1)
+        assert svc.stats["unconfirmed_ends"] == 1
+        svc.sweep()
+        assert 1 in svc.tunnels[("xl2tpd", 100)].records  # nothing exited: nothing done
+    finally:
+        pppd.kill()
+        pppd.wait()
+    svc.sweep()  # the exit ends it, with or without discovery's word
+    assert svc.tunnels[("xl2tpd", 100)].records == {}
+    assert svc.stats["removed"] == 1
+
+
+def test_a_call_down_after_the_pppd_exited_is_acted_on_at_once(svc):
+    pppd = child()
+    offload(svc, call(1, pppd.pid))
+    pppd.kill()
+    pppd.wait()
+    svc.on_event(CallDown(call=call(1, pppd.pid), reason="hung up"))
+    assert svc.tunnels[("xl2tpd", 100)].records == {} and svc.backend.session_dump() == []
+
+
+def test_a_tunnel_down_waits_for_its_pppds_then_goes_with_the_last(svc):
+    a, b = child(), child()
+    try:
+        offload(svc, call(1, a.pid))
+        offload(svc, call(2, b.pid))
+        svc.on_event(TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", peer="192.0.2.7", tunnel_id=100,
+                                                  peer_tunnel_id=200), reason="forged: connection closed"))
+        ts = svc.tunnels[("xl2tpd", 100)]
+        assert sorted(ts.records) == [1, 2] and ts.down == "forged: connection closed"
+        a.kill()
+        a.wait()
+        svc.sweep()
+        assert sorted(ts.records) == [2] and ("xl2tpd", 100) in svc.tunnels
+    finally:
+        b.kill()
+        b.wait()
+    svc.sweep()
+    assert svc.tunnels == {} and svc.backend.tunnel_dump() == [] and svc.datapath.tunnels == {}
+
+
+def test_the_exit_of_the_tunnels_xl2tpd_ends_it_though_its_pppds_run(svc):
+    xl2tpd, pppd = child(), child()
+    try:
+        offload(svc, call(1, pppd.pid), xl2tpd_pid=xl2tpd.pid)
+        assert statefile.load(svc.state_path)[0].tunnels[0].xl2tpd_pid == xl2tpd.pid
+        xl2tpd.kill()
+        xl2tpd.wait()
+        svc.sweep()
+        assert svc.tunnels == {} and svc.backend.tunnel_dump() == []
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
+def recs(line):
+    p = lp.LineParser()
+    return p.feed(line) + p.flush()
+
+
+def apply(t, line):
+    return [e for r in recs(line) for e in t.apply("x", r)]
+
+
+def test_a_second_live_xl2tpd_pid_in_a_stream_is_not_a_restart():
+    t = Tracker()
+    alive = {147}
+    t.daemon_alive = lambda pid: pid in alive
+    ev = apply(t, ("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 5, "
+                                    "Remote: 6 (ref=0/0).  LNS session is 'default'"))
+    assert [e.event for e in ev] == ["TunnelUp"]
+    ev = apply(t, ("xl2tpd[1]: Using l2tp kernel support."))
+    assert ev == [] and t.foreign_lines == 1 and [x.tunnel_id for x in t.tunnels()] == [5]
+    assert "xl2tpd[1] ignored" in t.notes[0]
+    alive.clear()  # the old pid really gone: now it is a restart
+    ev = apply(t, ("xl2tpd[148]: Using l2tp kernel support."))
+    assert [e.event for e in ev] == ["TunnelDown"]
+
+
+def test_the_requester_is_judged_by_proc_not_by_its_name(tmp_path):
+    fake = tmp_path / "pppd"
+    fake.write_bytes(open(sys.executable, "rb").read())
+    fake.chmod(0o755)
+    p = subprocess.Popen([str(fake), "-c", "import time; time.sleep(30)"])
+    try:
+        assert procscan.comm_ppid(p.pid)[0] == "pppd"  # named pppd ...
+        assert prove_requester(p.pid) == (None, "not_a_pppd_of_xl2tpd")  # ... but not the system's pppd
+    finally:
+        p.kill()
+        p.wait()
+    assert prove_requester(p.pid) == (None, "requester_gone")
+    assert procscan.uids(os.getpid()) == (os.getuid(), os.geteuid(), os.getresuid()[2], os.geteuid())
+
+
+def test_private_dir_makes_0700_and_never_chmods_an_existing_one(tmp_path):
+    d = tmp_path / "new" / "sub"
+    paths.private_dir(str(d), "socket")
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    paths.private_dir(str(shared), "socket")
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o755  # left as the operator made it
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775])
+def test_private_dir_refuses_a_directory_others_can_write(tmp_path, mode):
+    d = tmp_path / "open"
+    d.mkdir()
+    os.chmod(d, mode)
+    with pytest.raises(errors.PermissionDeniedError, match="writable by group or others"):
+        paths.private_dir(str(d), "socket")
+    assert stat.S_IMODE(os.stat(d).st_mode) == mode
+
+
+def test_private_dir_refuses_a_symlink(tmp_path):
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(errors.PermissionDeniedError, match="not a directory"):
+        paths.private_dir(str(tmp_path / "link"), "state")
+
+
+def test_the_state_files_temp_path_is_never_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = tmp_path / "state.json"
+    os.symlink(victim, f"{path}.tmp-{os.getpid()}")
+    statefile.save(str(path), statefile.State())
+    assert victim.read_text() == "precious" and statefile.load(str(path))[0].tunnels == []
+
+
+def test_a_held_pty_whose_master_closed_is_released_not_spun_on():
+    h = PtyHolder()
+    master, slave = os.openpty()
+    h.hold(("xl2tpd", 7), slave)
+    os.write(master, b"lcp echo from xl2tpd")
+    os.close(master)  # the call ended: xl2tpd closed its end
+    for _ in range(100):
+        if h.held(("xl2tpd", 7)) is None:
+            break
+        time.sleep(0.05)
+    assert h.held(("xl2tpd", 7)) is None

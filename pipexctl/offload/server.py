@@ -135,7 +135,7 @@ class OffloadServer:
         log.info("serving on %s", self.socket_path)
         sel = selectors.DefaultSelector()
         sel.register(srv, selectors.EVENT_READ)
-        warned = 0.0
+        warned = float("-inf")  # monotonic() may be under 60 s just after boot
         try:
             while not self.stop.is_set():
                 if not sel.select(0.2):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from pipexctl import errors
 from pipexctl.offload.client import ask
 from pipexctl.testing.lab import Lab, _xl2tpd_pid
 
@@ -45,8 +46,19 @@ def lab(request):
 def answers(path) -> bool:
     try:
         return ask(path, {"op": "status"})["ok"]
-    except (OSError, ValueError, KeyError):
+    except (errors.PipexError, OSError, ValueError, KeyError):
         return False
+
+
+def _fds_of_serve(pid: int) -> str:
+    out = subprocess.run(["pgrep", "-f", "pipexctl serve"], capture_output=True, text=True).stdout.split()
+    res = []
+    for x in out:
+        try:
+            res.append(f"{x}:{len(os.listdir(f'/proc/{x}/fd'))}:" + open(f"/proc/{x}/limits").read().split("Max open files")[1].split()[0])
+        except OSError:
+            pass
+    return ", ".join(res)
 
 
 def serve_log(lab, inst) -> str:
@@ -141,7 +153,9 @@ def test_running_out_of_file_descriptors_never_stops_the_daemon(lab):
             s.close()
             continue
         conns.append(s)
-    wait_until(lambda: "cannot accept a request" in serve_log(lab, inst), "EMFILE seen and logged", timeout=30)
+    wait_until(lambda: "cannot accept a request" in serve_log(lab, inst), "EMFILE seen and logged", timeout=30,
+               detail=lambda: f" ({len(conns)} connected; fds {sorted(os.listdir(f'/proc/{p.pid}/fd'))[:3]}, "
+                              f"daemon fds {_fds_of_serve(p.pid)}):\n{serve_log(lab, inst)[-3000:]}")
     for s in conns:
         s.close()
     assert p.poll() is None and os.path.exists(path)

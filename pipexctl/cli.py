@@ -413,6 +413,38 @@ def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+              help="The daemon's socket.")
+@click.option("--json", "as_json", is_flag=True, help="The daemon's whole status reply.")
+@boundary
+def status(socket_path: str, as_json: bool) -> None:
+    """Overview of `pipexctl serve`: xl2tpd instances, every call and its data path.
+
+    A call is "offloaded" (this daemon's kernel channel), "xl2tpd kernel
+    mode", or "pty"; for a pppd that stayed on its pty, the daemon's reason.
+
+    \b
+    Example:
+      pipexctl status
+    """
+    from .offload.client import ask
+
+    st = ask(socket_path, {"op": "status"})
+    st.pop("ok", None)
+    if as_json:
+        _emit_json(st)
+        return
+    for i in st.get("instances", []):
+        click.echo(f"xl2tpd {i['instance']}: pid {i['pid'] or '?'}, {i['mode']} mode")
+    s = st["stats"]
+    click.echo(f"offloads: {s['offloaded']} made, {s['removed']} ended, {s['refused']} refused, {s['failed']} failed, "
+               f"{s['adopted']} adopted at restarts")
+    rows = [[c["instance"], c["role"], c["tunnel_id"] or "?", c["call_id"], c["peer"], c["pppd_pid"] or "?",
+             c["path"], c["why_not"] or ""] for c in st.get("calls", [])]
+    _table(rows, ["XL2TPD", "ROLE", "TUNNEL", "CALL", "PEER", "PPPD", "PATH", "WHY-NOT"])
+
+
+@cli.command()
 @click.option("--tunnel-id", type=id_type, help="Only this tunnel.")
 @click.option("--session-id", type=id_type, help="Only this session (with --tunnel-id).")
 @click.option("--serve", "from_serve", is_flag=True,
@@ -502,7 +534,8 @@ def discovery_options(fn):
     for dec in reversed([
         click.option("--log", "logs", multiple=True, metavar="PATH|journal:UNIT|journal-id:IDENT",
                      help="xl2tpd log to read: a file (plain or syslog), or the journal. Repeatable. "
-                          "[default: /var/log/syslog, /var/log/daemon.log, journal:xl2tpd, those that exist]"),
+                          "[default: the first of /var/log/syslog, /var/log/daemon.log that exists, else "
+                          "journal:xl2tpd (this boot): one source, so no xl2tpd is read twice]"),
         click.option("--control", "controls", multiple=True, metavar="PIPE",
                      help="xl2tpd control pipe, paired with the --log at the same position. Repeatable. "
                           "[default: /var/run/xl2tpd/l2tp-control when it exists]"),
@@ -521,9 +554,11 @@ def _discovery(app: "AppContext", logs, controls, no_proc, no_kernel, identifier
     from .discovery.discovery import DEFAULT_LOGS, Discovery
 
     if not logs:
-        logs = tuple(p for p in DEFAULT_LOGS if p.startswith("journal") or _os.path.exists(p))
-        if not _os.path.exists("/run/systemd/journal"):
-            logs = tuple(p for p in logs if not p.startswith("journal"))
+        # one source per xl2tpd: Debian's rsyslog writes daemon.* to syslog and
+        # daemon.log both, and the journal holds the same lines again
+        files = [p for p in DEFAULT_LOGS if not p.startswith("journal") and _os.path.exists(p)]
+        journal = [p for p in DEFAULT_LOGS if p.startswith("journal")] if _os.path.exists("/run/systemd/journal") else []
+        logs = tuple(files[:1] or journal)
     if not controls and _os.path.exists(DEFAULT_PIPE):
         controls = (DEFAULT_PIPE,)
     if not logs and not controls:
@@ -697,6 +732,9 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
                         reconcile_interval=reconcile_interval, state_path=state_path,
                         teardown_on_exit=teardown_on_exit)
     srv.service.max_session_series = metrics_max_sessions
+    from .offload import sdnotify
+
+    srv.activated = sdnotify.listen_socket()  # pipexctl.socket: --socket is then systemd's
     httpd = None
     if metrics_listen:
         from .offload import metrics

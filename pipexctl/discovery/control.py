@@ -188,7 +188,9 @@ class ControlClient:
     def request(self, letter: str, args: str = "") -> Reply:
         if len(letter) != 1 or "\n" in args or len(args) > 900:
             raise ControlError("bad control request")
-        tmp = tempfile.mkdtemp(prefix="pipexctl-ctl-")
+        # under systemd the runtime directory, so the unit can have PrivateTmp:
+        # xl2tpd (outside it) writes the reply to this path
+        tmp = tempfile.mkdtemp(prefix="pipexctl-ctl-", dir=(os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None)
         reply = os.path.join(tmp, "reply")
         os.mkfifo(reply, 0o600)
         try:

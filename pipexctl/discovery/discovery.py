@@ -83,7 +83,8 @@ class Journal:
     def __init__(self, spec: str, follow: bool) -> None:
         kind, _, name = spec.partition(":")
         sel = ["-u", name] if kind == "journal" else ["-t", name]
-        argv = ["journalctl", "-o", "json", "--no-pager", *sel] + (["-f", "-n", "all"] if follow else [])
+        # this boot only: calls of an earlier boot are gone with its kernel
+        argv = ["journalctl", "-o", "json", "--no-pager", "-b", *sel] + (["-f", "-n", "all"] if follow else [])
         try:
             self._p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except FileNotFoundError:

@@ -12,8 +12,18 @@ if TYPE_CHECKING:
 
 
 def status(svc: "OffloadService") -> dict:
+    calls = svc.watch.calls()
     with svc.lock:
+        owned = {(t.instance, t.tunnel_id, cid) for t in svc.tunnels.values() for cid in t.records}
         return {
+            "instances": svc.watch.instances(),
+            "calls": [{"instance": c.instance, "role": c.role, "tunnel_id": c.tunnel_id, "call_id": c.call_id,
+                       "peer": c.peer, "pppd_pid": c.pppd_pid,
+                       "path": ("offloaded" if (c.instance, c.tunnel_id, c.call_id) in owned else
+                                "xl2tpd kernel mode" if c.data_path == "kernel" else
+                                "pty" if c.data_path == "userspace" else "unknown"),
+                       "why_not": svc.pty_reasons.get(c.pppd_pid) if c.pppd_pid else None}
+                      for c in sorted(calls, key=lambda c: (c.instance, c.tunnel_id or 0, c.call_id))],
             "tunnels": [{"tunnel_id": t.tunnel_id, "peer_tunnel_id": t.peer_tunnel_id, "local": t.local,
                          "local_port": t.local_port, "steered": t.local_port != svc.xl2tpd_port,
                          "peer": f"{t.peer}:{t.peer_port}",

@@ -33,7 +33,7 @@ from .. import errors
 from ..discovery import procscan
 from ..discovery.discovery import Discovery
 from ..kernel.backend import KernelBackend
-from . import paths, reconcile
+from . import paths, reconcile, sdnotify
 from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, is_ack, parse_request, reply
 from .datapath import DataPath
 from .service import OffloadService
@@ -99,6 +99,9 @@ class OffloadServer:
             state_path=state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json"))
         self.reload = threading.Event()
         self.stop = threading.Event()
+        # a listening socket systemd made (pipexctl.socket): it outlives the daemon
+        self.activated: Optional[socket.socket] = None
+        self._watchdog, self._pinged = sdnotify.watchdog_interval(), 0.0
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -118,6 +121,8 @@ class OffloadServer:
 
     def serve_forever(self) -> None:
         svc = self.service
+        if self.activated is not None:
+            self.socket_path = self.activated.getsockname() or self.socket_path
         # refused before anything is made: never a socket or state file where others can write
         paths.private_dir(os.path.dirname(self.socket_path), "socket")
         paths.private_dir(os.path.dirname(svc.state_path), "state")
@@ -127,12 +132,13 @@ class OffloadServer:
             for sock in early:
                 svc.datapath.release(sock)  # the reconcile takes back what it adopts
             reconcile.reconcile(svc)
-        srv = self._listen()
+        srv = self.activated if self.activated is not None else self._listen()
         threading.Thread(target=self.watch.run, name="discovery", daemon=True,
                          args=(self.stop, self.reload),
                          kwargs={"handle": svc.handle, "reloaded": self._reloaded,
-                                 "tick": svc.tick}).start()
-        log.info("serving on %s", self.socket_path)
+                                 "tick": self._tick}).start()
+        log.info("serving on %s%s", self.socket_path, " (socket from systemd)" if self.activated else "")
+        sdnotify.notify("READY=1", f"STATUS=serving; {self._summary()}")
         sel = selectors.DefaultSelector()
         sel.register(srv, selectors.EVENT_READ)
         warned = float("-inf")  # monotonic() may be under 60 s just after boot
@@ -156,19 +162,40 @@ class OffloadServer:
                     continue
                 threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
         finally:
+            sdnotify.notify("STOPPING=1")
             sel.close()
             srv.close()
-            try:
-                os.unlink(self.socket_path)
-            except OSError:
-                pass
+            if self.activated is None:  # systemd's socket stays: pppds queue there until the next start
+                try:
+                    os.unlink(self.socket_path)
+                except OSError:
+                    pass
             svc.shutdown()
 
+    def _summary(self) -> str:
+        svc = self.service
+        tunnels = list(svc.tunnels.values())
+        return (f"{sum(len(t.records) for t in tunnels)} call(s) offloaded in {len(tunnels)} tunnel(s), "
+                f"{svc.stats['refused']} refused, {svc.stats['failed']} failed")
+
+    def _tick(self) -> None:
+        """The watcher's half-second round: the service's checks, then the
+        watchdog ping (a watcher that hangs stops pinging)."""
+        self.service.tick()
+        now = time.monotonic()
+        if self._watchdog is not None and now - self._pinged >= self._watchdog:
+            self._pinged = now
+            sdnotify.notify("WATCHDOG=1", f"STATUS=serving; {self._summary()}")
+
     def _reloaded(self, events: list) -> None:
-        with self.service.lock:
-            self.service.handle(events)
-            reconcile.reconcile(self.service)
-        log.info("reloaded (SIGHUP)")
+        sdnotify.notify("RELOADING=1")
+        try:
+            with self.service.lock:
+                self.service.handle(events)
+                reconcile.reconcile(self.service)
+            log.info("reloaded (SIGHUP)")
+        finally:
+            sdnotify.notify("READY=1", f"STATUS=serving; {self._summary()}")
 
     # ---------------------------------------------------------- requests
     def _handle(self, conn: socket.socket) -> None:
@@ -270,7 +297,7 @@ class OffloadServer:
         xl2tpd_pid, refusal = prove_requester(pid) if pidfd is not None else (None, "requester_gone")
         if refusal or not _running(pidfd):
             refusal = refusal or "requester_gone"
-            svc.refused(refusal)
+            svc.refused(refusal, pid)
             log.warning("channel request of pid %d refused: %s", pid, refusal.replace("_", " "))
             self._reply(conn, {"ok": False, "error": REFUSALS[refusal].format(pid=pid)})
             return False
@@ -278,7 +305,7 @@ class OffloadServer:
         call, why = self.watch.call_of(pid, self.wait)
         t1 = time.monotonic()
         if call is None:
-            svc.refused("no_call")
+            svc.refused("no_call", pid)
             log.warning("pppd %d refused: no complete xl2tpd call within %.0f s: %s", pid, self.wait, why)
             self._reply(conn, {"ok": False, "error": f"no xl2tpd call for pppd {pid} within {self.wait:.0f} s: {why}"})
             return False
@@ -293,7 +320,7 @@ class OffloadServer:
         try:
             ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid)
         except (errors.PipexError, OSError) as e:
-            svc.failed(e)
+            svc.failed(e, pid)
             log.warning("offload of call %d (pppd %d) failed: %s", call.call_id, pid, e)
             try:
                 self._reply(conn, {"ok": False, "error": str(e)})

@@ -113,6 +113,7 @@ class OffloadService:
         self.latency_hist = [0] * (len(LATENCY_BUCKETS) + 1)  # cumulative-free counts; the last is +Inf
         self.latency_sum = 0.0
         self._clock = threading.Lock()  # counters bumped by concurrent request threads
+        self.pty_reasons: dict[int, str] = {}  # pppd pid -> why it was not offloaded
         self.last_reconcile: dict = {}
         self.reconciles = 0
         self.max_session_series = 1000  # per-session counters in metrics() beyond this are summed, not listed
@@ -128,15 +129,24 @@ class OffloadService:
             os.kill(os.getpid(), 9)
 
     # ---------------------------------------------------------- counters
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: str, pid: Optional[int] = None) -> None:
         with self._clock:
             self.stats["refused"] += 1
             self.reasons[("refused", reason)] += 1
+            self._why_pty(pid, reason)
 
-    def failed(self, e: Exception) -> None:
+    def failed(self, e: Exception, pid: Optional[int] = None) -> None:
         with self._clock:
             self.stats["failed"] += 1
             self.reasons[("failed", reason_label(e))] += 1
+            self._why_pty(pid, reason_label(e))
+
+    def _why_pty(self, pid: Optional[int], reason: str) -> None:
+        # why a pppd stayed on its pty, for `pipexctl status` (the last 1,000)
+        if pid is not None:
+            self.pty_reasons[pid] = reason
+            while len(self.pty_reasons) > 1000:
+                self.pty_reasons.pop(next(iter(self.pty_reasons)))
 
     def offloaded(self, seconds: float) -> None:
         with self._clock:

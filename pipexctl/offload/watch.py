@@ -89,6 +89,18 @@ class CallWatch:
                                   f"{mine.peer_call_id})" if mine else "no call names this pid")
                 self.polled.wait(min(left, 1.0))
 
+    def calls(self) -> list[CallInfo]:
+        """Copies of the calls discovery knows."""
+        with self.lock:
+            return [c.copy() for c in self.d.tracker.calls()]
+
+    def instances(self) -> list[dict]:
+        """Each xl2tpd discovery follows: name, pid, kernel or userspace mode."""
+        with self.lock:
+            return [{"instance": i.name, "pid": i.daemon_pid,
+                     "mode": {True: "kernel", False: "userspace", None: "unknown"}[i.kernel_mode]}
+                    for i in self.d.tracker.instances.values()]
+
     def paths(self) -> Counter:
         """Known calls by (role, data path), for the metrics."""
         with self.lock:

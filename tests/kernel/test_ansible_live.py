@@ -90,7 +90,9 @@ def test_role_changed_then_unchanged(tmp_path):
         assert "plugin pipexctl.so\npipexctl_socket /run/pipexctl/serve.sock\npipexctl_timeout 10\n" in text
         assert text.startswith("noauth\n")  # lines outside the block untouched
     unit = (tmp_path / "systemd" / "pipexctl.service").read_text()
-    assert f"ExecStart={Path(sys.executable).parent}/pipexctl serve --socket /run/pipexctl/serve.sock" in unit
+    assert f"ExecStart={Path(sys.executable).parent}/pipexctl serve $PIPEXCTL_OPTS" in unit
+    assert 'Environment="PIPEXCTL_OPTS=-v --socket /run/pipexctl/serve.sock ' in unit
+    assert "ListenStream=/run/pipexctl/serve.sock" in (tmp_path / "systemd" / "pipexctl.socket").read_text()
     assert (tmp_path / "modules" / "pipexctl.conf").read_text() == (ROOT / "systemd" / "pipexctl-modules.conf").read_text()
     # second run: nothing to do
     second = playbook(str(site), *extra)

@@ -69,14 +69,16 @@ def test_any_file_round_trips(text):
     assert back == (text if not text or text.endswith("\n") else text + "\n")
 
 
-def test_unit_template_is_the_shipped_unit_but_for_execstart():
-    unit = (ROOT / "systemd" / "pipexctl.service").read_text().splitlines()
-    tmpl = (ANSIBLE / "roles" / "pipexctl_lns" / "templates" / "pipexctl.service.j2").read_text().splitlines()
+@pytest.mark.parametrize("name,differ", [("pipexctl.service", ["Environment", "ExecStart"]),
+                                         ("pipexctl.socket", ["ListenStream"])])
+def test_unit_templates_are_the_shipped_units_but_for_paths(name, differ):
+    unit = (ROOT / "systemd" / name).read_text().splitlines()
+    tmpl = (ANSIBLE / "roles" / "pipexctl_lns" / "templates" / f"{name}.j2").read_text().splitlines()
     tmpl = [ln for ln in tmpl if not ln.startswith("# {{ ansible_managed }}") and "pipexctl_lns role" not in ln
             and "tests/unit/test_ansible.py" not in ln]
     diff = [(a, b) for a, b in zip(unit, tmpl) if a != b]
     assert len(unit) == len(tmpl)
-    assert [a.split("=")[0] for a, _ in diff] == ["ExecStart"]
+    assert [a.split("=")[0] for a, _ in diff] == differ
 
 
 @pytest.mark.parametrize("name", ["pipexctl_session", "pipexctl_offload"])

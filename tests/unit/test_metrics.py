@@ -266,3 +266,30 @@ def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(t
         assert s.watch.pending and s.watch.pending[-1].event == "CallUp"  # the watcher still gets the events
     finally:
         d.close()
+
+
+def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp_path):
+    offload(srv, call(1))
+    srv.service.refused("no_call", 5151)
+    c3 = srv.watch.d.tracker.inst("xl2tpd").calls[3]
+    c3.pppd_pid, c3.data_path = 5151, "userspace"
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        for _ in range(100):
+            try:
+                socket.socket(socket.AF_UNIX).connect(srv.socket_path)
+                break
+            except OSError:
+                threading.Event().wait(0.05)
+        r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path, "--json"])
+        assert r.exit_code == 0, r.output
+        calls = {c["call_id"]: c for c in json.loads(r.output)["calls"]}
+        assert calls[1]["path"] == "offloaded" and calls[2]["path"] == "xl2tpd kernel mode"
+        assert calls[3]["path"] == "pty" and calls[3]["why_not"] == "no_call"
+        r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path])
+        assert r.exit_code == 0 and "offloads: 1 made" in r.output
+        assert "WHY-NOT" in r.output and "no_call" in r.output
+    finally:
+        srv.stop.set()
+        t.join(10)

@@ -106,6 +106,12 @@ def trusted_exes(name: str) -> frozenset[str]:
     return frozenset(os.path.realpath(os.path.join(d, name)) for d in SBIN if os.path.exists(os.path.join(d, name)))
 
 
+def argv(pid: int) -> list[str]:
+    """``pid``'s command line ([] when it is gone)."""
+    p = _read(pid, with_fds=False)
+    return p.argv if p else []
+
+
 def exe(pid: int) -> Optional[str]:
     """The binary ``pid`` runs; a binary replaced by an upgrade since it
     started still counts as its path (the kernel appends " (deleted)")."""

@@ -301,14 +301,22 @@ class Tracker:
             self.bad_lines += 1
             return []
         if rec.pid is not None and ins.daemon_pid is not None and rec.pid != ins.daemon_pid:
+            sub = f"{instance}@{rec.pid}"
+            if sub in self.instances:
+                return self.apply(sub, rec, source)
+            if self.daemon_alive(ins.daemon_pid) and self.daemon_alive(rec.pid):
+                # a second system xl2tpd, running, logs to the same stream (two
+                # instances, one syslog): tracked on its own, they never meet
+                self.notes.append(f"{instance}: a second xl2tpd (pid {rec.pid}) writes here: tracked as {sub}")
+                return self.apply(sub, rec, source)
             if self.daemon_alive(ins.daemon_pid):
-                # the stream's xl2tpd still runs: a second xl2tpd writes here, or
-                # anyone forged the line (syslog takes any tag): never a restart
+                # the stream's xl2tpd still runs: anyone may have forged the
+                # line (syslog takes any tag): never a restart
                 self.foreign_lines += 1
                 if rec.pid not in ins.foreign_pids:
                     ins.foreign_pids.add(rec.pid)
                     self.notes.append(f"{instance}: lines tagged xl2tpd[{rec.pid}] ignored: this stream's xl2tpd "
-                                      f"is pid {ins.daemon_pid}, still running (a second xl2tpd, or forged)")
+                                      f"is pid {ins.daemon_pid}, still running, and {rec.pid} is no xl2tpd (forged)")
                 return []
             # another xl2tpd process writes to this stream: the old one is gone
             ev = self._all_down(ins, f"xl2tpd pid {ins.daemon_pid} replaced by {rec.pid}")

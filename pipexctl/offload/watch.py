@@ -22,6 +22,18 @@ from ..discovery.state import CallInfo
 log = logging.getLogger("pipexctl.serve")
 
 
+def _argv_disagrees(pid: int, call: CallInfo) -> str:
+    """xl2tpd starts each pppd with ``ipparam PEER`` (the tunnel's peer): a
+    call from the log that names another peer is not this pppd's."""
+    argv = procscan.argv(pid)
+    if "ipparam" in argv[:-1]:
+        peer = argv[argv.index("ipparam") + 1]
+        if peer != call.peer:
+            return (f"the log binds pppd {pid} to call {call.call_id} of {call.peer}, but xl2tpd started it "
+                    f"for {peer} (ipparam): a forged log line?")
+    return ""
+
+
 def _survive(fn: Callable[[], object]) -> None:
     """The watcher never dies: a failure (an nft or netlink error, a bug) is
     logged and the next round tries again."""
@@ -68,9 +80,16 @@ class CallWatch:
             while True:
                 self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
                 self.pending += self.d.observe_process(pid)
-                mine = next((c for c in self.d.tracker.calls() if c.pppd_pid == pid), None)
+                claims = [c for c in self.d.tracker.calls() if c.pppd_pid == pid]
+                if len(claims) > 1:
+                    # xl2tpd logs one "Call established ... PID:" per pppd: a second
+                    # claim is a forged line, and which is true cannot be told
+                    return None, (f"{len(claims)} calls name pppd {pid} (calls "
+                                  f"{', '.join(str(c.call_id) for c in claims)}): a forged log line?")
+                mine = claims[0] if claims else None
                 if mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id):
-                    return mine.copy(), ""
+                    why = _argv_disagrees(pid, mine)
+                    return (None, why) if why else (mine.copy(), "")
                 if mine is not None and time.monotonic() - asked > 0.5:
                     # known but not its tunnel: an LNS log names only the peer's
                     # address, ambiguous with several tunnels from one peer;

@@ -146,6 +146,16 @@ def test_a_second_live_xl2tpd_pid_in_a_stream_is_not_a_restart():
     ev = apply(t, ("xl2tpd[1]: Using l2tp kernel support."))
     assert ev == [] and t.foreign_lines == 1 and [x.tunnel_id for x in t.tunnels()] == [5]
     assert "xl2tpd[1] ignored" in t.notes[0]
+    # a second, real, running xl2tpd writing to the same syslog: its own instance
+    alive.add(300)
+    ev = apply(t, "xl2tpd[300]: Connection established to 10.99.1.3, 1701.  Local: 5, Remote: 9 (ref=0/0).  "
+                  "LNS session is 'default'")
+    assert [(e.event, e.tunnel.instance) for e in ev] == [("TunnelUp", "x@300")]
+    assert sorted((x.instance, x.tunnel_id, x.peer) for x in t.tunnels()) == [("x", 5, "10.99.1.2"),
+                                                                              ("x@300", 5, "10.99.1.3")]
+    ev = apply(t, "xl2tpd[300]: Connection 9 closed to 10.99.1.3, port 1701 (Goodbye!)")
+    assert [(e.event, e.tunnel.instance) for e in ev] == [("TunnelDown", "x@300")]
+    assert [(x.instance, x.tunnel_id) for x in t.tunnels()] == [("x", 5)]  # the first one's tunnel 5 untouched
     alive.clear()  # the old pid really gone: now it is a restart
     ev = apply(t, ("xl2tpd[148]: Using l2tp kernel support."))
     assert [e.event for e in ev] == ["TunnelDown"]
@@ -214,3 +224,50 @@ def test_a_held_pty_whose_master_closed_is_released_not_spun_on():
             break
         time.sleep(0.05)
     assert h.held(("xl2tpd", 7)) is None
+
+
+def _call_lines(pid, cid, peer="10.99.1.2", tid=28398):
+    return (f"xl2tpd[147]: Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1} (ref=0/0).  "
+            f"LNS session is 'default'\n"
+            f"xl2tpd[147]: Call established with {peer}, PID: {pid}, Local: {cid}, Remote: {cid + 1}, Serial: 1\n")
+
+
+@pytest.fixture
+def watched(tmp_path):
+    from pipexctl.offload.watch import CallWatch
+
+    log = tmp_path / "xl2tpd.log"
+    log.write_text("xl2tpd[147]: xl2tpd version xl2tpd-1.3.18 started on (none) PID:147\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.refresh(events=False)
+    yield CallWatch(d), log
+    d.close()
+
+
+def test_a_pppd_claimed_by_two_calls_is_refused_not_guessed(watched):
+    w, log = watched
+    pppd = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ipparam", "10.99.1.2"])
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 100) + _call_lines(pppd.pid, 200, tid=4444))  # the second one forged
+        call, why = w.call_of(pppd.pid, 1.0)
+        assert call is None and "2 calls name pppd" in why
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
+@pytest.mark.parametrize("ipparam,ok", [("10.99.1.2", True), ("10.99.7.7", False)])
+def test_the_call_must_be_for_the_peer_xl2tpd_started_the_pppd_for(watched, ipparam, ok):
+    w, log = watched
+    pppd = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ipparam", ipparam])
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 100))
+        call, why = w.call_of(pppd.pid, 1.0)
+        assert (call is not None) == ok, why
+        if not ok:
+            assert "but xl2tpd started it for 10.99.7.7 (ipparam)" in why
+    finally:
+        pppd.kill()
+        pppd.wait()

@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-kernel bench bench-profile churn clean
+.PHONY: setup demo test test-unit test-kernel deb bench bench-profile churn clean
 
 setup:
 	@bash scripts/setup.sh
@@ -12,13 +12,18 @@ demo: setup
 
 # The full suite: unit tests on the host, kernel tests in ONE boot of the
 # Debian-kernel guest (see tests/conftest.py).  Fails if the guest cannot run.
-test: setup
+# The Debian package is built first: a guest test installs and purges it.
+test: setup deb
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# dist/pipexctl_<version>_amd64.deb (scripts/build_deb.sh)
+deb: setup
+	@bash scripts/build_deb.sh
 
 test-unit: setup
 	$(PY) -m pytest -m "not kernel" $(PYTEST_ARGS)
 
-test-kernel: setup
+test-kernel: setup deb
 	$(PY) -m pytest -m kernel $(PYTEST_ARGS)
 
 # Data-plane benchmark in one guest boot (not a test; asserts nothing).
@@ -40,4 +45,4 @@ churn: setup
 	$(PY) -m pipexctl.testing.vm --timeout 5400 --keep-results bench/results/churn -- $(PY) -m pipexctl.testing.churn $(CHURN_ARGS)
 
 clean:
-	rm -rf .venv build .pytest_cache
+	rm -rf .venv build dist .pytest_cache

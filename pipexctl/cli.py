@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
-import os
 import sys
 from typing import Callable, Optional
 
@@ -715,10 +714,15 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     from .offload.datapath import KernelDataPath
     from .offload.server import OffloadServer
 
-    # journald stamps each line itself; elsewhere (a log file) the time is ours to add
-    stamp = "" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s.%(msecs)03d "
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format=stamp + "pipexctl serve: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S")
+    from .offload import journal
+
+    if journal.under_journald():
+        # records with fields (TUNNEL_ID, CALL_ID, PEER): `journalctl -u pipexctl TUNNEL_ID=17`
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                            handlers=[journal.JournalHandler()], format="%(message)s")
+    else:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                            format="%(asctime)s.%(msecs)03d pipexctl serve: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S")
     _raise_fd_limit()
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
     backend = NetlinkBackend(netns=app.netns)

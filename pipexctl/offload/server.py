@@ -331,7 +331,9 @@ class OffloadServer:
         svc.failpoint("channel-sent")
         svc.offloaded(time.monotonic() - t0)
         log.info("call %d (tunnel %d) of pppd %d offloaded in %.0f ms (%.0f ms waiting for discovery)",
-                 call.call_id, call.tunnel_id, pid, (time.monotonic() - t0) * 1000, (t1 - t0) * 1000)
+                 call.call_id, call.tunnel_id, pid, (time.monotonic() - t0) * 1000, (t1 - t0) * 1000,
+                 extra={"journal": {"TUNNEL_ID": call.tunnel_id, "CALL_ID": call.call_id, "PEER": call.peer,
+                                    "PPPD_PID": pid, "EVENT": "offloaded"}})
         if pty is None:
             return False
         svc.ptys.hold((call.instance, call.call_id), pty)

@@ -233,7 +233,8 @@ class OffloadService:
             tx.on_rollback(lambda: self.exits.unwatch(xl2tpd_pid))
         self.failpoint("tunnel-created")
         log.info("kernel tunnel %d/%d on %s:%d <-> %s:%d%s", ts.tunnel_id, ts.peer_tunnel_id, local, ts.local_port,
-                 call.peer, peer_port, " (steered: another tunnel has this address pair)" if twin else "")
+                 call.peer, peer_port, " (steered: another tunnel has this address pair)" if twin else "",
+                 extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": call.peer, "EVENT": "tunnel-made"}})
         return ts
 
     def _stale_session(self, ts: TunnelState, call_id: int) -> bool:
@@ -259,7 +260,9 @@ class OffloadService:
         if delete:
             self.gone_ok(lambda: self.orch.delete_session(ts.tunnel_id, call_id))
         self.stats["removed"] += 1
-        log.info("call %d of tunnel %d %s", call_id, ts.tunnel_id, why)
+        log.info("call %d of tunnel %d %s", call_id, ts.tunnel_id, why,
+                 extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "CALL_ID": call_id, "PEER": ts.peer,
+                                    "PPPD_PID": rec.pppd_pid, "EVENT": "ended"}})
 
     def _xl2tpd_gone(self, ts: TunnelState) -> bool:
         return ts.xl2tpd_pid is not None and not self.exits.alive(ts.xl2tpd_pid, "xl2tpd")
@@ -285,7 +288,8 @@ class OffloadService:
         self.gone_ok(lambda: self.orch.delete_tunnel(ts.tunnel_id))
         if ts.sock is not None:
             self.datapath.close_tunnel(ts.sock, ts.tunnel_id)
-        log.info("tunnel %d removed (%s)", ts.tunnel_id, reason)
+        log.info("tunnel %d removed (%s)", ts.tunnel_id, reason,
+                 extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": ts.peer, "EVENT": "tunnel-removed"}})
         if sync:
             self.save()
 

@@ -28,7 +28,7 @@ LAYERS = [
                          "pipexctl.offload.datapath", "pipexctl.offload.ptys", "pipexctl.offload.watch",
                          "pipexctl.offload.service", "pipexctl.offload.reconcile", "pipexctl.offload.pppopts",
                          "pipexctl.offload.exits", "pipexctl.offload.report", "pipexctl.offload.paths")),
-    ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.protocol", "pipexctl.offload.sdnotify",
+    ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.protocol", "pipexctl.offload.sdnotify", "pipexctl.offload.journal",
                     "pipexctl.offload.metrics",
                     "pipexctl.offload.client",
                     "pipexctl.cli", "pipexctl.__main__")),

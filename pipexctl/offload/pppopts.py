@@ -24,8 +24,8 @@ def block(plugin: str = "pipexctl.so", socket: str = "/run/pipexctl/serve.sock",
     for what, v in (("plugin", plugin), ("socket", socket)):
         if not v or any(c in v for c in " \t\n#\"'"):
             raise ValueError(f"bad {what} path {v!r}: no spaces, quotes or '#'")
-    if timeout is not None and not 1 <= timeout <= 3600:
-        raise ValueError(f"timeout {timeout} out of range 1..3600 seconds")
+    if timeout is not None and not 1 <= timeout <= 60:  # the plugin's own bound (OPT_LIMITS)
+        raise ValueError(f"timeout {timeout} out of range 1..60 seconds")
     lines = [BEGIN, f"plugin {plugin}", f"pipexctl_socket {socket}"]
     if timeout is not None:
         lines.append(f"pipexctl_timeout {timeout}")

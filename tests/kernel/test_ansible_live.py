@@ -5,10 +5,12 @@ options files' text)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,9 +22,30 @@ pytestmark = pytest.mark.kernel
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@functools.cache
+def installed_collection() -> str:
+    """pipexctl.l2tp built with ansible-galaxy and installed from its tarball
+    (as an operator installs it), into a directory of its own."""
+    out = Path(tempfile.mkdtemp(prefix="pipexctl-collection-"))
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "ANSIBLE_LOCAL_TEMP": "/tmp/ansible-local"}
+    src = ROOT / "ansible" / "collections" / "ansible_collections" / "pipexctl" / "l2tp"
+    r = subprocess.run([str(bindir / "ansible-galaxy"), "collection", "build", "--output-path", str(out), str(src)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (tar,) = out.glob("pipexctl-l2tp-*.tar.gz")
+    r = subprocess.run([str(bindir / "ansible-galaxy"), "collection", "install", "--offline", "-p", str(out / "installed"),
+                        str(tar)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (out / "installed" / "ansible_collections" / "pipexctl" / "l2tp" / "MANIFEST.json").exists()
+    return str(out / "installed")
+
+
 def playbook(*args, cwd=ROOT / "ansible", check=True, timeout=600):
     env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_CONFIG": str(ROOT / "ansible" / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": "/tmp/ansible-local",
+           # the collection as installed from its built tarball, not this checkout's source tree
+           "ANSIBLE_COLLECTIONS_PATH": installed_collection(),
            "ANSIBLE_REMOTE_TEMP": "/tmp/ansible-remote",
            # each task's wall time at the end of the transcript (the guest keeps them)
            "ANSIBLE_CALLBACK_PLUGINS": str(Path(__file__).parent / "ansible" / "callback_plugins"),
@@ -81,7 +104,7 @@ def test_role_changed_then_unchanged(tmp_path):
              # it cost ~48 s per run
              "-e", "pipexctl_install_packages=false"]
     site = tmp_path / "site.yml"
-    site.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [pipexctl_lns]\n")
+    site.write_text("- hosts: localhost\n  connection: local\n  gather_facts: false\n  roles: [pipexctl.l2tp.lns]\n")
     first = playbook(str(site), *extra)
     got = recap(first.stdout)
     assert got["failed"] == 0 and got["changed"] >= 3, first.stdout[-3000:]

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from pipexctl.offload import pppopts
 
 ROOT = Path(__file__).resolve().parents[2]
-ROLE = ROOT / "ansible" / "roles" / "pipexctl_lns"
 ANSIBLE = ROOT / "ansible"
+COLLECTION = ANSIBLE / "collections" / "ansible_collections" / "pipexctl" / "l2tp"
+ROLE = COLLECTION / "roles" / "lns"
 
 
 def test_block_added_replaced_removed_and_nothing_else_touched():
@@ -43,7 +44,7 @@ def test_refuses_a_file_that_loads_a_plugin_outside_the_block(line):
         pppopts.apply(f"noauth\n{line}\n", pppopts.block())
 
 
-@pytest.mark.parametrize("kw", [{"socket": "/run/x y"}, {"plugin": "a#b"}, {"timeout": 0}, {"socket": ""}])
+@pytest.mark.parametrize("kw", [{"socket": "/run/x y"}, {"plugin": "a#b"}, {"timeout": 0}, {"timeout": 61}, {"socket": ""}])
 def test_bad_block_values(kw):
     with pytest.raises(ValueError):
         pppopts.block(**kw)
@@ -73,17 +74,17 @@ def test_any_file_round_trips(text):
                                          ("pipexctl.socket", ["ListenStream"])])
 def test_unit_templates_are_the_shipped_units_but_for_paths(name, differ):
     unit = (ROOT / "systemd" / name).read_text().splitlines()
-    tmpl = (ANSIBLE / "roles" / "pipexctl_lns" / "templates" / f"{name}.j2").read_text().splitlines()
-    tmpl = [ln for ln in tmpl if not ln.startswith("# {{ ansible_managed }}") and "pipexctl_lns role" not in ln
+    tmpl = (ROLE / "templates" / f"{name}.j2").read_text().splitlines()
+    tmpl = [ln for ln in tmpl if not ln.startswith("# {{ ansible_managed }}") and "role pipexctl.l2tp.lns" not in ln
             and "tests/unit/test_ansible.py" not in ln]
     diff = [(a, b) for a, b in zip(unit, tmpl) if a != b]
     assert len(unit) == len(tmpl)
     assert [a.split("=")[0] for a, _ in diff] == differ
 
 
-@pytest.mark.parametrize("name", ["pipexctl_session", "pipexctl_offload"])
+@pytest.mark.parametrize("name", ["session", "offload"])
 def test_module_documentation_matches_its_argument_spec(name):
-    src = (ANSIBLE / "library" / f"{name}.py").read_text()
+    src = (COLLECTION / "plugins" / "modules" / f"{name}.py").read_text()
     tree = ast.parse(src)
     consts = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
               if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
@@ -92,11 +93,44 @@ def test_module_documentation_matches_its_argument_spec(name):
     yaml.safe_load(consts["EXAMPLES"])
     spec = next(n for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg == "argument_spec")
     args = {k.arg for k in spec.value.keywords}
-    assert doc["module"] == name and set(doc["options"]) == args
+    assert doc["module"] == name and set(doc["options"]) == args and doc["author"]
+    assert "Copyright" in src.splitlines()[1] and "BSD-2-Clause" in src.splitlines()[2]
+    for opt, d in doc["options"].items():  # every option fully described (block YAML, no flow-style surprises)
+        assert isinstance(d["description"], (str, list)) and d["type"], opt
+
+
+def _ansible_env(tmp_path=None):
+    return {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg"),
+            "ANSIBLE_COLLECTIONS_PATH": str(ANSIBLE / "collections"), "ANSIBLE_NOCOLOR": "1",
+            **({"ANSIBLE_LOCAL_TEMP": str(tmp_path)} if tmp_path else {})}
+
+
+@pytest.mark.parametrize("name", ["pipexctl.l2tp.session", "pipexctl.l2tp.offload"])
+def test_ansible_doc_renders_each_module(name, tmp_path):
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), name], capture_output=True, text=True,
+                       env=_ansible_env(tmp_path), cwd=ANSIBLE)
+    assert r.returncode == 0 and "OPTIONS" in r.stdout and "EXAMPLES" in r.stdout, r.stdout + r.stderr
+    assert "AUTHOR: pipexctl developers" in r.stdout, r.stdout
+    assert "ERROR" not in r.stderr and "WARNING" not in r.stderr, r.stderr
+
+
+def test_the_collection_builds_and_its_role_has_an_argument_spec(tmp_path):
+    r = subprocess.run([str(Path(sys.executable).parent / "ansible-galaxy"), "collection", "build", "--output-path",
+                        str(tmp_path), str(COLLECTION)], capture_output=True, text=True, env=_ansible_env(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (tar,) = tmp_path.glob("pipexctl-l2tp-*.tar.gz")
+    import tarfile
+
+    names = tarfile.open(tar).getnames()
+    assert {"plugins/modules/offload.py", "plugins/modules/session.py", "roles/lns/tasks/main.yml",
+            "roles/lns/meta/argument_specs.yml", "meta/runtime.yml", "MANIFEST.json"} <= set(names)
+    spec = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    assert set(spec) == set(defaults), set(spec) ^ set(defaults)
 
 
 def test_playbooks_pass_ansible_syntax_check():
-    env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg")}
+    env = _ansible_env()
     for pb, inv in ((ANSIBLE / "site.yml", ANSIBLE / "inventory.ini"),
                     (ROOT / "tests" / "kernel" / "ansible" / "session.yml", "localhost,"),
                     (ROOT / "tests" / "kernel" / "ansible" / "offload.yml", "localhost,")):

@@ -1,29 +1,57 @@
 #!/usr/bin/python
+# Copyright: the pipexctl developers
+# BSD-2-Clause (see the project's pyproject.toml)
 """Ansible module: turn pipexctl's offload on or off in xl2tpd's pppd options files."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: pipexctl_offload
+module: offload
 short_description: Load pipexctl's pppd plugin from xl2tpd's pppd options files
+author:
+  - pipexctl developers
+version_added: 0.1.0
 description:
   - Writes (or removes) one marked block in each pppd options file that xl2tpd.conf names
     (C(pppoptfile)), so that every pppd xl2tpd starts asks C(pipexctl serve) for a kernel channel.
-  - Never changes a line outside its block; refuses a file that loads pipexctl.so or pppol2tp.so elsewhere.
-  - Takes effect for the next call; running calls keep their data path.
+  - Never changes a line outside its block. Refuses a file that loads pipexctl.so or pppol2tp.so elsewhere.
+  - Takes effect for the next call. Running calls keep their data path.
   - Runs with a Python that has pipexctl installed (set C(ansible_python_interpreter)).
+  - The files' contents are returned only in diff mode (an options file can hold secrets).
 options:
-  xl2tpd_conf: {type: path, default: /etc/xl2tpd/xl2tpd.conf, description: xl2tpd's configuration, read for its pppoptfile lines.}
-  options_files: {type: list, elements: path, description: The options files to manage (default - every pppoptfile of xl2tpd_conf).}
-  plugin: {type: str, default: pipexctl.so, description: The plugin (a name in pppd's plugin directory, or a path).}
-  socket: {type: str, default: /run/pipexctl/serve.sock, description: "pipexctl serve's socket (pipexctl_socket)."}
-  required: {type: bool, default: false, description: "pppd fails instead of falling back to the pty (pipexctl_required)."}
-  timeout: {type: int, description: "Seconds pppd waits for the daemon (pipexctl_timeout; the plugin's default is 5)."}
-  state: {type: str, default: present, choices: [present, absent], description: Whether the block is there.}
+  xl2tpd_conf:
+    type: path
+    default: /etc/xl2tpd/xl2tpd.conf
+    description: xl2tpd's configuration, read for its C(pppoptfile) lines.
+  options_files:
+    type: list
+    elements: path
+    description: The options files to manage (default, every C(pppoptfile) of I(xl2tpd_conf)).
+  plugin:
+    type: str
+    default: pipexctl.so
+    description: The plugin (a name in pppd's plugin directory, or a path).
+  socket:
+    type: str
+    default: /run/pipexctl/serve.sock
+    description: The socket of C(pipexctl serve) (C(pipexctl_socket)).
+  required:
+    type: bool
+    default: false
+    description: pppd fails instead of falling back to the pty (C(pipexctl_required)).
+  timeout:
+    type: int
+    description: Seconds pppd waits for the daemon, 1 to 60 (C(pipexctl_timeout); the plugin's default is 5).
+  state:
+    type: str
+    default: present
+    choices: [present, absent]
+    description: Whether the block is there.
 """
 
 EXAMPLES = r"""
-- pipexctl_offload:
+- name: The offload on, with a pty fallback
+  pipexctl.l2tp.offload:
     xl2tpd_conf: /etc/xl2tpd/xl2tpd.conf
     required: false
   vars:
@@ -31,7 +59,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-files: {description: The options files managed., type: list, returned: always}
+files:
+  description: The options files managed.
+  type: list
+  elements: str
+  returned: always
+changed_files:
+  description: The options files this run changed (or would change, in check mode).
+  type: list
+  elements: str
+  returned: always
 """
 
 import os
@@ -103,8 +140,9 @@ def main():
             else:
                 os.chmod(tmp, 0o644)
             os.replace(tmp, path)
-    module.exit_json(changed=bool(changed), files=files, changed_files=changed,
-                     diff={"before": "\n".join(before), "after": "\n".join(after)})
+    # the files' contents only in diff mode: an options file can hold secrets
+    extra = {"diff": {"before": "\n".join(before), "after": "\n".join(after)}} if module._diff else {}
+    module.exit_json(changed=bool(changed), files=files, changed_files=changed, **extra)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,79 @@
 #!/usr/bin/python
+# Copyright: the pipexctl developers
+# BSD-2-Clause (see the project's pyproject.toml)
 """Ansible module: a static kernel L2TP session (and its tunnel) through pipexctl."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
-module: pipexctl_session
+module: session
 short_description: Kernel L2TP sessions and tunnels through pipexctl's library
+author:
+  - pipexctl developers
+version_added: 0.1.0
 description:
   - Makes a kernel L2TP session (and, when missing, its unmanaged tunnel) exist or not, through the
-    "l2tp" generic-netlink family, like C(pipexctl addsess)/C(delsess).
-  - For static pseudowires (L2TPv3 Ethernet sessions); PPP sessions of xl2tpd calls are offloaded by
+    C(l2tp) generic-netlink family, like C(pipexctl addsess) and C(pipexctl delsess).
+  - For static pseudowires (L2TPv3 Ethernet sessions). PPP sessions of xl2tpd calls are offloaded by
     C(pipexctl serve), not by this module.
-  - Idempotent; a session or tunnel that exists with other parameters is an error, never replaced.
+  - Idempotent. A session or tunnel that exists with other parameters is an error, never replaced.
   - Runs with a Python that has pipexctl installed (set C(ansible_python_interpreter)).
 options:
-  tunnel_id: {type: int, required: true, description: Our tunnel id.}
-  session_id: {type: int, required: true, description: Our session id.}
-  peer_tunnel_id: {type: int, description: "The peer's tunnel id (needed to create the tunnel)."}
-  peer_session_id: {type: int, description: "The peer's session id (required with state=present)."}
-  version: {type: int, default: 3, choices: [2, 3], description: L2TP version.}
-  pw: {type: str, default: eth, choices: [eth, ppp], description: Pseudowire type.}
-  encap: {type: str, default: udp, choices: [udp, ip], description: Tunnel encapsulation.}
-  local: {type: str, description: "Local address[:port] of the tunnel (to create it)."}
-  remote: {type: str, description: "Remote address[:port] of the tunnel (to create it)."}
-  ifname: {type: str, description: Interface name of an Ethernet session.}
-  netns: {type: str, description: Network namespace (as ip netns) to work in.}
-  keep_tunnel: {type: bool, default: false, description: "With state=absent, keep the tunnel when it is left empty."}
-  state: {type: str, default: present, choices: [present, absent], description: Whether the session exists.}
+  tunnel_id:
+    type: int
+    required: true
+    description: Our tunnel id.
+  session_id:
+    type: int
+    required: true
+    description: Our session id.
+  peer_tunnel_id:
+    type: int
+    description: The peer's tunnel id (needed to create the tunnel).
+  peer_session_id:
+    type: int
+    description: The peer's session id (required with I(state=present)).
+  version:
+    type: int
+    default: 3
+    choices: [2, 3]
+    description: L2TP version.
+  pw:
+    type: str
+    default: eth
+    choices: [eth, ppp]
+    description: Pseudowire type.
+  encap:
+    type: str
+    default: udp
+    choices: [udp, ip]
+    description: Tunnel encapsulation.
+  local:
+    type: str
+    description: Local address[:port] of the tunnel (to create it).
+  remote:
+    type: str
+    description: Remote address[:port] of the tunnel (to create it).
+  ifname:
+    type: str
+    description: Interface name of an Ethernet session.
+  netns:
+    type: str
+    description: Network namespace (as C(ip netns) names it) to work in.
+  keep_tunnel:
+    type: bool
+    default: false
+    description: With I(state=absent), keep the tunnel when it is left empty.
+  state:
+    type: str
+    default: present
+    choices: [present, absent]
+    description: Whether the session exists.
 """
 
 EXAMPLES = r"""
-- name: pseudowire 10 in tunnel 100 to the peer
-  pipexctl_session:
+- name: Pseudowire 10 in tunnel 100 to the peer
+  pipexctl.l2tp.session:
     tunnel_id: 100
     peer_tunnel_id: 200
     session_id: 10
@@ -44,7 +86,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-session: {description: The session after the run (none when absent)., type: dict, returned: always}
+session:
+  description: The session after the run (none when absent).
+  type: dict
+  returned: always
 """
 
 from ansible.module_utils.basic import AnsibleModule

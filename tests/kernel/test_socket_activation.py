@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pipexctl.testing.lab import Lab
 
 from .conftest import ip_l2tp, wait_until
+from .test_offload import lab  # noqa: F401  (the userspace-mode lab fixture, shared)
 from .test_offload import PLUGIN, ping, ppp_up
 
 pytestmark = pytest.mark.kernel
@@ -28,17 +28,6 @@ pytestmark = pytest.mark.kernel
 # pppd waits for the daemon's answer up to 40 s: a restart under emulation
 # takes about 10 s before the new daemon accepts
 PLUGIN_OPTS = f"plugin {PLUGIN}\npipexctl_socket {{sock}}\npipexctl_required\npipexctl_timeout 40\n"
-
-
-@pytest.fixture
-def lab(request):
-    lab = Lab(kernel_mode=False).setup(2)
-    yield lab
-    if os.environ.get("PIPEXCTL_RESULTS"):
-        d = Path(os.environ["PIPEXCTL_RESULTS"]) / request.node.name.replace("/", "_")
-        d.mkdir(exist_ok=True)
-        lab.keep_logs(d)
-    lab.teardown()
 
 
 def activated_serve(lab, inst, lst: socket.socket) -> subprocess.Popen:

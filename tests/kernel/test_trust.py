@@ -18,29 +18,18 @@ import stat
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from pipexctl import errors
 from pipexctl.offload.client import ask
-from pipexctl.testing.lab import Lab, _xl2tpd_pid
+from pipexctl.testing.lab import _xl2tpd_pid
 
 from .conftest import ip_l2tp, wait_until
+from .test_offload import lab  # noqa: F401  (the userspace-mode lab fixture, shared)
 from .test_offload import PLUGIN, WITH_PLUGIN, kernel_objects, offloaded_call, ping
 
 pytestmark = pytest.mark.kernel
-
-
-@pytest.fixture
-def lab(request):
-    lab = Lab(kernel_mode=False).setup(2)
-    yield lab
-    if os.environ.get("PIPEXCTL_RESULTS"):
-        d = Path(os.environ["PIPEXCTL_RESULTS"]) / request.node.name.replace("/", "_")
-        d.mkdir(exist_ok=True)
-        lab.keep_logs(d)
-    lab.teardown()
 
 
 def answers(path) -> bool:

@@ -7,6 +7,7 @@ the guest (tests/kernel/test_offload.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -43,6 +44,24 @@ def srv(tmp_path):
     for ts in s.service.tunnels.values():
         if ts.sock is not None:
             ts.sock.close()
+
+
+@contextlib.contextmanager
+def serving(srv):
+    """``srv`` serving in a thread until the block ends."""
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        for _ in range(100):
+            try:
+                socket.socket(socket.AF_UNIX).connect(srv.socket_path)
+                break
+            except OSError:
+                threading.Event().wait(0.05)
+        yield srv
+    finally:
+        srv.stop.set()
+        t.join(10)
 
 
 def offload(s, c):
@@ -139,28 +158,19 @@ def test_http_endpoint_and_stat_serve_give_the_same_numbers(srv, tmp_path):
     srv.service.backend._sessions[(100, 1)].stats.rx_packets = 9
     port = free_port()
     httpd = metrics.start(srv.service, f"127.0.0.1:{port}")
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
     try:
-        for _ in range(100):
-            try:
-                socket.socket(socket.AF_UNIX).connect(srv.socket_path)
-                break
-            except OSError:
-                threading.Event().wait(0.05)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        assert 'pipexctl_session_rx_packets_total{peer="192.0.2.7",session_id="1",tunnel_id="100"} 9.0' in body
-        assert "process_open_fds" in body and "process_resident_memory_bytes" in body
-        r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path, "--json"])
-        assert r.exit_code == 0, r.output
-        m = json.loads(r.output)
-        assert m["sessions"][0]["rx_packets"] == 9 and m["offloaded_sessions"] == 1
-        r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path])
-        assert r.exit_code == 0 and "offloaded: 1 session(s) in 1 tunnel(s)" in r.output
-        assert "192.0.2.7" in r.output
+        with serving(srv):
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            assert 'pipexctl_session_rx_packets_total{peer="192.0.2.7",session_id="1",tunnel_id="100"} 9.0' in body
+            assert "process_open_fds" in body and "process_resident_memory_bytes" in body
+            r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path, "--json"])
+            assert r.exit_code == 0, r.output
+            m = json.loads(r.output)
+            assert m["sessions"][0]["rx_packets"] == 9 and m["offloaded_sessions"] == 1
+            r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path])
+            assert r.exit_code == 0 and "offloaded: 1 session(s) in 1 tunnel(s)" in r.output
+            assert "192.0.2.7" in r.output
     finally:
-        srv.stop.set()
-        t.join(10)
         httpd.shutdown()
 
 
@@ -273,15 +283,7 @@ def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp
     srv.service.refused("no_call", 5151)
     c3 = srv.watch.d.tracker.inst("xl2tpd").calls[3]
     c3.pppd_pid, c3.data_path = 5151, "userspace"
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        for _ in range(100):
-            try:
-                socket.socket(socket.AF_UNIX).connect(srv.socket_path)
-                break
-            except OSError:
-                threading.Event().wait(0.05)
+    with serving(srv):
         r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path, "--json"])
         assert r.exit_code == 0, r.output
         calls = {c["call_id"]: c for c in json.loads(r.output)["calls"]}
@@ -290,6 +292,3 @@ def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp
         r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path])
         assert r.exit_code == 0 and "offloads: 1 made" in r.output
         assert "WHY-NOT" in r.output and "no_call" in r.output
-    finally:
-        srv.stop.set()
-        t.join(10)

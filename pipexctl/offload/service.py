@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .. import errors
-from ..discovery.state import CallDown, CallInfo, TunnelDown
+from ..discovery.state import CallInfo
 from ..kernel.backend import KernelBackend, PPPChannel
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from ..orchestrator import Orchestrator, Transaction
 from . import statefile
 from .datapath import DataPath
+from .endings import Endings
 from .exits import Exits
 from .ptys import PtyHolder
 from .statefile import SessionRecord, TunnelRecord
@@ -93,7 +94,7 @@ class TunnelState:
                             xl2tpd_pid=self.xl2tpd_pid)
 
 
-class OffloadService:
+class OffloadService(Endings):
     def __init__(self, watch: CallWatch, backend: KernelBackend, datapath: DataPath, *, state_path: str,
                  xl2tpd_port: int = 1701, teardown_on_exit: bool = False) -> None:
         self.watch, self.backend, self.datapath = watch, backend, datapath
@@ -114,6 +115,7 @@ class OffloadService:
         self.latency_sum = 0.0
         self._clock = threading.Lock()  # counters bumped by concurrent request threads
         self.pty_reasons: dict[int, str] = {}  # pppd pid -> why it was not offloaded
+        self.awaiting: dict[tuple, tuple[float, str]] = {}  # ends reported, no exit yet: since, why
         self.last_reconcile: dict = {}
         self.reconciles = 0
         self.max_session_series = 1000  # per-session counters in metrics() beyond this are summed, not listed
@@ -248,136 +250,6 @@ class OffloadService:
 
     def _forget_session(self, ts: TunnelState, call_id: int, why: str) -> None:
         self._end_call(ts, call_id, f"had ended ({why})", delete=False)
-
-    def _end_call(self, ts: TunnelState, call_id: int, why: str, delete: bool = True) -> None:
-        """Remove an offloaded session (``delete``: from the kernel too; it is
-        gone already when its pppd closed the channel)."""
-        rec = ts.records.pop(call_id, None)
-        if rec is None:
-            return
-        self.exits.unwatch(rec.pppd_pid)
-        self.ptys.release((ts.instance, call_id))
-        if delete:
-            self.gone_ok(lambda: self.orch.delete_session(ts.tunnel_id, call_id))
-        self.stats["removed"] += 1
-        log.info("call %d of tunnel %d %s", call_id, ts.tunnel_id, why,
-                 extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "CALL_ID": call_id, "PEER": ts.peer,
-                                    "PPPD_PID": rec.pppd_pid, "EVENT": "ended"}})
-
-    def _xl2tpd_gone(self, ts: TunnelState) -> bool:
-        return ts.xl2tpd_pid is not None and not self.exits.alive(ts.xl2tpd_pid, "xl2tpd")
-
-    def _confirmed(self, ts: TunnelState, rec: SessionRecord) -> bool:
-        """A call's end is confirmed by its pppd's exit or its xl2tpd's: a log
-        line alone (anyone can write one) never ends a running call."""
-        return not self.exits.alive(rec.pppd_pid) or self._xl2tpd_gone(ts)
-
-    # ---------------------------------------------------------- endings
-    def drop_tunnel(self, key, reason: str, sync: bool = True) -> None:
-        """Remove a tunnel and its sessions; ``sync=False``: the caller writes the state file."""
-        ts = self.tunnels.pop(key, None)
-        if ts is None:
-            return
-        for cid, rec in ts.records.items():
-            self.ptys.release((ts.instance, cid))
-            self.exits.unwatch(rec.pppd_pid)
-        ts.records.clear()
-        if ts.xl2tpd_pid is not None:
-            self.exits.unwatch(ts.xl2tpd_pid)
-        # pppds hold copies of the socket, so closing ours is not enough
-        self.gone_ok(lambda: self.orch.delete_tunnel(ts.tunnel_id))
-        if ts.sock is not None:
-            self.datapath.close_tunnel(ts.sock, ts.tunnel_id)
-        log.info("tunnel %d removed (%s)", ts.tunnel_id, reason,
-                 extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": ts.peer, "EVENT": "tunnel-removed"}})
-        if sync:
-            self.save()
-
-    @staticmethod
-    def gone_ok(fn) -> None:
-        """Delete something that may already be gone (with its pppd or socket)."""
-        try:
-            fn()
-        except errors.NotFoundError:
-            pass
-        except errors.PipexError as e:
-            log.warning("%s", e)
-
-    def handle(self, events: list) -> None:
-        with self.lock:
-            for e in events:
-                self.on_event(e)
-
-    def on_event(self, e) -> None:
-        """Discovery's word that a call or tunnel ended, acted on once an
-        exit confirms it (``sweep`` finishes what waits for one)."""
-        if isinstance(e, CallDown):
-            ts = self.tunnels.get((e.call.instance, e.call.tunnel_id))
-            rec = ts.records.get(e.call.call_id) if ts else None
-            if rec is None:
-                self.ptys.release((e.call.instance, e.call.call_id))
-                return
-            if e.call.pppd_pid and rec.pppd_pid != e.call.pppd_pid:
-                # the end of an earlier call with this id (xl2tpd reused it and
-                # the new call was offloaded first): not this session's end
-                log.info("call %d of tunnel %d: end of pppd %d's call, not of pppd %d's: kept", e.call.call_id,
-                         ts.tunnel_id, e.call.pppd_pid, rec.pppd_pid)
-                return
-            if not self._confirmed(ts, rec):
-                self.stats["unconfirmed_ends"] += 1
-                log.warning("call %d of tunnel %d: discovery says it ended (%s), but its pppd %d runs: kept "
-                            "until pppd exits", e.call.call_id, ts.tunnel_id, e.reason, rec.pppd_pid)
-                return
-            self._end_call(ts, e.call.call_id, f"ended ({e.reason}): offload removed")
-            if ts.down is not None and not ts.records:
-                self.drop_tunnel((ts.instance, ts.tunnel_id), ts.down, sync=False)
-            self.save()
-        elif isinstance(e, TunnelDown):
-            key = (e.tunnel.instance, e.tunnel.tunnel_id)
-            ts = self.tunnels.get(key)
-            if ts is None:
-                return
-            if e.tunnel.peer_tunnel_id and e.tunnel.peer_tunnel_id != ts.peer_tunnel_id:
-                log.info("tunnel %d: end of the earlier tunnel with this id (peer id %d, ours is %d): kept",
-                         ts.tunnel_id, e.tunnel.peer_tunnel_id, ts.peer_tunnel_id)
-                return
-            for cid in [c for c, r in ts.records.items() if self._confirmed(ts, r)]:
-                self._end_call(ts, cid, f"ended ({e.reason}): offload removed")
-            if ts.records:
-                ts.down = e.reason
-                self.stats["unconfirmed_ends"] += 1
-                log.warning("tunnel %d: discovery says it ended (%s), but pppd(s) %s run: kept until they exit",
-                            ts.tunnel_id, e.reason, ", ".join(str(r.pppd_pid) for r in ts.records.values()))
-                self.save()
-            else:
-                self.drop_tunnel(key, e.reason)
-
-    def tick(self) -> None:
-        """Every half second (the watcher): a firewall reload may have flushed
-        the twins' steering; a watched process may have exited."""
-        self.datapath.check()
-        self.sweep()
-
-    def sweep(self) -> None:
-        """Act on exits: a pppd's ends its session, an xl2tpd's its tunnels, and
-        a tunnel discovery said ended goes with its last pppd."""
-        if not self.exits.exited():
-            return
-        with self.lock:
-            changed = False
-            for key, ts in list(self.tunnels.items()):
-                if self._xl2tpd_gone(ts):
-                    self.drop_tunnel(key, f"xl2tpd pid {ts.xl2tpd_pid} exited", sync=False)
-                    changed = True
-                    continue
-                for cid in [c for c, r in ts.records.items() if not self.exits.alive(r.pppd_pid)]:
-                    self._end_call(ts, cid, f"ended (pppd {ts.records[cid].pppd_pid} exited): offload removed")
-                    changed = True
-                if ts.down is not None and not ts.records:
-                    self.drop_tunnel(key, ts.down, sync=False)
-                    changed = True
-            if changed:
-                self.save()
 
     # ---------------------------------------------------------- state
     def save(self) -> None:

@@ -21,7 +21,7 @@ from pipexctl.discovery import procscan
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.discovery.state import CallDown, CallInfo, TunnelDown, TunnelInfo, Tracker
 from pipexctl.kernel.backend import NullBackend
-from pipexctl.offload import paths, statefile
+from pipexctl.offload import endings, paths, statefile
 from pipexctl.offload.datapath import NullDataPath
 from pipexctl.offload.exits import Exits
 from pipexctl.offload.ptys import PtyHolder
@@ -67,15 +67,18 @@ def test_exits_reports_a_watched_process_once_it_has_exited():
     ex.close()
 
 
-def test_a_call_down_while_its_pppd_runs_is_kept_until_the_pppd_exits(svc):
+def test_a_call_down_while_its_pppd_runs_is_kept_until_the_pppd_exits(svc, monkeypatch):
     pppd = child()
     try:
         offload(svc, call(1, pppd.pid))
         svc.on_event(CallDown(call=call(1, pppd.pid), reason="forged call_close line"))
         assert 1 in svc.tunnels[("xl2tpd", 100)].records and svc.backend.session_get(100, 1)
-        assert svc.stats["unconfirmed_ends"] == 1
         svc.sweep()
         assert 1 in svc.tunnels[("xl2tpd", 100)].records  # nothing exited: nothing done
+        assert svc.stats["unconfirmed_ends"] == 0  # a real end looks the same for a moment
+        monkeypatch.setattr(endings, "UNCONFIRMED_AFTER", 0.0)
+        svc.sweep()
+        assert svc.stats["unconfirmed_ends"] == 1 and svc.awaiting == {}  # warned once
     finally:
         pppd.kill()
         pppd.wait()

@@ -1,0 +1,182 @@
+"""How offloaded calls and tunnels end: on exits, not on log lines.
+
+Discovery reports ends from xl2tpd's log, which anyone can write to; the
+service acts on one only when an exit confirms it -- the call's pppd (its
+kernel session goes with pppd's PPPoL2TP socket anyway), or the tunnel's
+xl2tpd -- both watched through pidfds (exits.py).  ``sweep`` (every half
+second) acts on exits with or without discovery's word, and warns about an
+end no exit confirmed within UNCONFIRMED_AFTER.  A mixin of OffloadService.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from .. import errors
+from ..discovery.state import CallDown, TunnelDown
+
+if TYPE_CHECKING:
+    from .service import TunnelState
+    from .statefile import SessionRecord
+
+log = logging.getLogger("pipexctl.serve")
+
+# an end discovery reported that no exit confirmed within this: warned about
+UNCONFIRMED_AFTER = 10.0
+
+
+class Endings:
+    def _end_call(self, ts: "TunnelState", call_id: int, why: str, delete: bool = True) -> None:
+        """Remove an offloaded session (``delete``: from the kernel too; it is
+        gone already when its pppd closed the channel)."""
+        rec = ts.records.pop(call_id, None)
+        if rec is None:
+            return
+        self.exits.unwatch(rec.pppd_pid)
+        self.ptys.release((ts.instance, call_id))
+        if delete:
+            self.gone_ok(lambda: self.orch.delete_session(ts.tunnel_id, call_id))
+        self.stats["removed"] += 1
+        log.info("call %d of tunnel %d %s", call_id, ts.tunnel_id, why,
+                 extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "CALL_ID": call_id, "PEER": ts.peer,
+                                    "PPPD_PID": rec.pppd_pid, "EVENT": "ended"}})
+
+    def _xl2tpd_gone(self, ts: "TunnelState") -> bool:
+        return ts.xl2tpd_pid is not None and not self.exits.alive(ts.xl2tpd_pid, "xl2tpd")
+
+    def _confirmed(self, ts: "TunnelState", rec: "SessionRecord") -> bool:
+        """A call's end is confirmed by its pppd's exit or its xl2tpd's: a log
+        line alone (anyone can write one) never ends a running call."""
+        return not self.exits.alive(rec.pppd_pid) or self._xl2tpd_gone(ts)
+
+    # ---------------------------------------------------------- endings
+    def drop_tunnel(self, key, reason: str, sync: bool = True) -> None:
+        """Remove a tunnel and its sessions; ``sync=False``: the caller writes the state file."""
+        ts = self.tunnels.pop(key, None)
+        if ts is None:
+            return
+        for cid, rec in ts.records.items():
+            self.ptys.release((ts.instance, cid))
+            self.exits.unwatch(rec.pppd_pid)
+        ts.records.clear()
+        if ts.xl2tpd_pid is not None:
+            self.exits.unwatch(ts.xl2tpd_pid)
+        # pppds hold copies of the socket, so closing ours is not enough
+        self.gone_ok(lambda: self.orch.delete_tunnel(ts.tunnel_id))
+        if ts.sock is not None:
+            self.datapath.close_tunnel(ts.sock, ts.tunnel_id)
+        log.info("tunnel %d removed (%s)", ts.tunnel_id, reason,
+                 extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": ts.peer, "EVENT": "tunnel-removed"}})
+        if sync:
+            self.save()
+
+    @staticmethod
+    def gone_ok(fn) -> None:
+        """Delete something that may already be gone (with its pppd or socket)."""
+        try:
+            fn()
+        except errors.NotFoundError:
+            pass
+        except errors.PipexError as e:
+            log.warning("%s", e)
+
+    def handle(self, events: list) -> None:
+        with self.lock:
+            for e in events:
+                self.on_event(e)
+
+    def on_event(self, e) -> None:
+        """Discovery's word that a call or tunnel ended, acted on once an
+        exit confirms it (``sweep`` finishes what waits for one)."""
+        if isinstance(e, CallDown):
+            ts = self.tunnels.get((e.call.instance, e.call.tunnel_id))
+            rec = ts.records.get(e.call.call_id) if ts else None
+            if rec is None:
+                self.ptys.release((e.call.instance, e.call.call_id))
+                return
+            if e.call.pppd_pid and rec.pppd_pid != e.call.pppd_pid:
+                # the end of an earlier call with this id (xl2tpd reused it and
+                # the new call was offloaded first): not this session's end
+                log.info("call %d of tunnel %d: end of pppd %d's call, not of pppd %d's: kept", e.call.call_id,
+                         ts.tunnel_id, e.call.pppd_pid, rec.pppd_pid)
+                return
+            if not self._confirmed(ts, rec):
+                # usual for a real end too (xl2tpd has just signalled pppd): a
+                # warning only if pppd still runs after UNCONFIRMED_AFTER (sweep)
+                self.awaiting[(ts.instance, ts.tunnel_id, e.call.call_id)] = (time.monotonic(), e.reason)
+                log.info("call %d of tunnel %d: discovery says it ended (%s), but its pppd %d runs: kept "
+                         "until pppd exits", e.call.call_id, ts.tunnel_id, e.reason, rec.pppd_pid)
+                return
+            self._end_call(ts, e.call.call_id, f"ended ({e.reason}): offload removed")
+            if ts.down is not None and not ts.records:
+                self.drop_tunnel((ts.instance, ts.tunnel_id), ts.down, sync=False)
+            self.save()
+        elif isinstance(e, TunnelDown):
+            key = (e.tunnel.instance, e.tunnel.tunnel_id)
+            ts = self.tunnels.get(key)
+            if ts is None:
+                return
+            if e.tunnel.peer_tunnel_id and e.tunnel.peer_tunnel_id != ts.peer_tunnel_id:
+                log.info("tunnel %d: end of the earlier tunnel with this id (peer id %d, ours is %d): kept",
+                         ts.tunnel_id, e.tunnel.peer_tunnel_id, ts.peer_tunnel_id)
+                return
+            for cid in [c for c, r in ts.records.items() if self._confirmed(ts, r)]:
+                self._end_call(ts, cid, f"ended ({e.reason}): offload removed")
+            if ts.records:
+                ts.down = e.reason
+                self.awaiting[(ts.instance, ts.tunnel_id, None)] = (time.monotonic(), e.reason)
+                log.info("tunnel %d: discovery says it ended (%s), but pppd(s) %s run: kept until they exit",
+                         ts.tunnel_id, e.reason, ", ".join(str(r.pppd_pid) for r in ts.records.values()))
+                self.save()
+            else:
+                self.drop_tunnel(key, e.reason)
+
+    def tick(self) -> None:
+        """Every half second (the watcher): a firewall reload may have flushed
+        the twins' steering; a watched process may have exited."""
+        self.datapath.check()
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Act on exits: a pppd's ends its session, an xl2tpd's its tunnels, and
+        a tunnel discovery said ended goes with its last pppd.  An end that no
+        exit confirmed within UNCONFIRMED_AFTER is warned about (a forged log
+        line, or a pppd that ignores xl2tpd's SIGTERM)."""
+        if self.awaiting:
+            self._warn_unconfirmed()
+        if not self.exits.exited():
+            return
+        with self.lock:
+            changed = False
+            for key, ts in list(self.tunnels.items()):
+                if self._xl2tpd_gone(ts):
+                    self.drop_tunnel(key, f"xl2tpd pid {ts.xl2tpd_pid} exited", sync=False)
+                    changed = True
+                    continue
+                for cid in [c for c, r in ts.records.items() if not self.exits.alive(r.pppd_pid)]:
+                    self._end_call(ts, cid, f"ended (pppd {ts.records[cid].pppd_pid} exited): offload removed")
+                    changed = True
+                if ts.down is not None and not ts.records:
+                    self.drop_tunnel(key, ts.down, sync=False)
+                    changed = True
+            if changed:
+                self.save()
+
+    def _warn_unconfirmed(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for key, (since, reason) in list(self.awaiting.items()):
+                inst, tid, cid = key
+                ts = self.tunnels.get((inst, tid))
+                rec = ts.records.get(cid) if ts is not None and cid is not None else None
+                if ts is None or (cid is not None and rec is None) or (cid is None and ts.down is None):
+                    del self.awaiting[key]  # confirmed meanwhile
+                elif now - since >= UNCONFIRMED_AFTER:
+                    del self.awaiting[key]
+                    self.stats["unconfirmed_ends"] += 1
+                    what = f"call {cid} of tunnel {tid}" if cid is not None else f"tunnel {tid}"
+                    log.warning("%s: discovery said %.0f s ago that it ended (%s), but no exit confirms it: kept "
+                                "(a forged log line?)", what, now - since, reason)
+

@@ -764,6 +764,84 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
         backend.close()
 
 
+@cli.group()
+def offload() -> None:
+    """Turn the offload on or off in xl2tpd's pppd options files.
+
+    One marked block per options file (`plugin pipexctl.so` and its options);
+    no line outside it is touched, and a file that loads pipexctl.so or
+    pppol2tp.so elsewhere is refused. The Ansible module `pipexctl.l2tp.offload`
+    does the same through the same functions. Takes effect for the next call.
+
+    \b
+    Example:
+      pipexctl offload enable --required
+    """
+
+
+def _offload_options(fn):
+    for deco in reversed([
+        click.option("--xl2tpd-conf", default="/etc/xl2tpd/xl2tpd.conf", show_default=True,
+                     help="xl2tpd's configuration: its pppoptfile lines name the options files."),
+        click.option("--options", "options_files", multiple=True, metavar="FILE",
+                     help="An options file to manage (repeatable) [default: every pppoptfile of --xl2tpd-conf]."),
+        click.option("--dry-run", is_flag=True, help="Say what would change; write nothing."),
+        click.option("--json", "as_json", is_flag=True, help="The changed files (and their new text) as JSON."),
+    ]):
+        fn = deco(fn)
+    return fn
+
+
+def _offload_apply(xl2tpd_conf, options_files, want, dry_run, as_json) -> None:
+    from .offload import pppopts
+
+    files = list(options_files) or pppopts.files_of(xl2tpd_conf)
+    changes = pppopts.manage(files, want, write=not dry_run)
+    if as_json:
+        _emit_json({"files": files, "changed": [c.path for c in changes], "dry_run": dry_run})
+        return
+    for c in changes:
+        click.echo(f"{'would change' if dry_run else 'changed'}: {c.path}")
+    if not changes:
+        click.echo(f"unchanged: {', '.join(files)}")
+
+
+@offload.command("enable")
+@_offload_options
+@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+              help="The daemon's socket (pipexctl_socket).")
+@click.option("--required", is_flag=True, help="pppd fails instead of staying on its pty (pipexctl_required).")
+@click.option("--timeout", type=click.IntRange(1, 60), help="Seconds pppd waits for the daemon (pipexctl_timeout).")
+@boundary
+def offload_enable(xl2tpd_conf, options_files, dry_run, as_json, socket_path, required, timeout) -> None:
+    """Add (or update) the plugin block.
+
+    \b
+    Example:
+      pipexctl offload enable --dry-run
+    """
+    from .offload import pppopts
+
+    try:
+        want = pppopts.block(socket=socket_path, required=required, timeout=timeout)
+    except ValueError as e:
+        raise errors.InvalidArgumentError(str(e)) from None
+    _offload_apply(xl2tpd_conf, options_files, want, dry_run, as_json)
+
+
+@offload.command("disable")
+@_offload_options
+@boundary
+def offload_disable(xl2tpd_conf, options_files, dry_run, as_json) -> None:
+    """Remove the plugin block: the next calls stay on their ptys.
+
+    \b
+    Example:
+      pipexctl offload disable --options /etc/ppp/options.xl2tpd
+    """
+    _offload_apply(xl2tpd_conf, options_files, None, dry_run, as_json)
+
+
 def _raise_fd_limit() -> None:
     """The soft fd limit up to the hard one: the daemon holds a pty, a pidfd
     and a share of a tunnel socket per offloaded call (1024 is ~300 calls)."""

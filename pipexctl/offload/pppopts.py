@@ -9,8 +9,13 @@ hand use the same functions).
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from dataclasses import dataclass
 from typing import Optional
+
+from .. import errors
 
 BEGIN = "# BEGIN pipexctl (managed: pipexctl offload; edit the role/module, not these lines)"
 END = "# END pipexctl"
@@ -71,3 +76,71 @@ def option_files(xl2tpd_conf: str) -> list[str]:
         if m and m.group(1) not in out:
             out.append(m.group(1))
     return out
+
+
+@dataclass
+class Change:
+    path: str
+    before: str
+    after: str
+
+
+def files_of(xl2tpd_conf: str) -> list[str]:
+    """The pppoptfiles xl2tpd.conf names; a clear error when none or unreadable."""
+    try:
+        with open(xl2tpd_conf) as f:
+            files = option_files(f.read())
+    except OSError as e:
+        raise errors.InvalidArgumentError(f"cannot read {xl2tpd_conf}: {e.strerror}") from None
+    if not files:
+        raise errors.InvalidArgumentError(f"{xl2tpd_conf} names no pppoptfile: give the options files")
+    return files
+
+
+def manage(files: list[str], want: Optional[str], write: bool = True) -> list[Change]:
+    """Put ``want`` (None: no block) in each file; the files that change.
+
+    All files are read and checked before any is written: a refused file
+    (it loads a plugin outside the block, or the block is damaged) leaves
+    every file as it was.  Writes keep each file's mode and owner and are
+    atomic (temp file in the same directory, fsync, rename)."""
+    changes = []
+    for path in files:
+        try:
+            with open(path) as f:
+                old = f.read()
+        except FileNotFoundError:
+            old = ""
+        except OSError as e:
+            raise errors.InvalidArgumentError(f"cannot read {path}: {e.strerror}") from None
+        try:
+            new = apply(old, want)
+        except ValueError as e:
+            raise errors.ConflictError(f"{path}: {e}") from None
+        if new != old:
+            changes.append(Change(path, old, new))
+    if write:
+        for c in changes:
+            _write(c.path, c.after)
+    return changes
+
+
+def _write(path: str, text: str) -> None:
+    d = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".pipexctl-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(path):
+            st = os.stat(path)
+            os.chmod(tmp, st.st_mode & 0o7777)
+            os.chown(tmp, st.st_uid, st.st_gid)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -71,9 +71,6 @@ changed_files:
   returned: always
 """
 
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
 
@@ -94,55 +91,20 @@ def main():
         from pipexctl.offload import pppopts
     except ImportError as e:
         module.fail_json(msg=f"pipexctl is not importable: {e} (set ansible_python_interpreter to pipexctl's venv)")
+    from pipexctl import errors
+
     p = module.params
-    files = p["options_files"]
-    if not files:
-        try:
-            with open(p["xl2tpd_conf"]) as f:
-                files = pppopts.option_files(f.read())
-        except OSError as e:
-            module.fail_json(msg=f"cannot read {p['xl2tpd_conf']}: {e.strerror}")
-        if not files:
-            module.fail_json(msg=f"{p['xl2tpd_conf']} names no pppoptfile: give options_files")
     try:
+        # the same library functions as `pipexctl offload enable|disable`
+        files = p["options_files"] or pppopts.files_of(p["xl2tpd_conf"])
         want = pppopts.block(p["plugin"], p["socket"], p["required"], p["timeout"]) if p["state"] == "present" else None
-    except ValueError as e:
+        changes = pppopts.manage(files, want, write=not module.check_mode)
+    except (ValueError, errors.PipexError) as e:
         module.fail_json(msg=str(e))
-    changed, before, after = [], [], []
-    for path in files:
-        try:
-            with open(path) as f:
-                old = f.read()
-        except FileNotFoundError:
-            old = ""
-        except OSError as e:
-            module.fail_json(msg=f"cannot read {path}: {e.strerror}")
-        try:
-            new = pppopts.apply(old, want)
-        except ValueError as e:
-            module.fail_json(msg=f"{path}: {e}")
-        if new == old:
-            continue
-        changed.append(path)
-        before.append(f"# {path}\n{old}")
-        after.append(f"# {path}\n{new}")
-        if not module.check_mode:
-            d = os.path.dirname(path) or "."
-            fd, tmp = tempfile.mkstemp(dir=d, prefix=".pipexctl-")
-            with os.fdopen(fd, "w") as f:
-                f.write(new)
-                f.flush()
-                os.fsync(f.fileno())
-            if os.path.exists(path):
-                st = os.stat(path)
-                os.chmod(tmp, st.st_mode & 0o7777)
-                os.chown(tmp, st.st_uid, st.st_gid)
-            else:
-                os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
     # the files' contents only in diff mode: an options file can hold secrets
-    extra = {"diff": {"before": "\n".join(before), "after": "\n".join(after)}} if module._diff else {}
-    module.exit_json(changed=bool(changed), files=files, changed_files=changed, **extra)
+    extra = {"diff": {"before": "\n".join(f"# {c.path}\n{c.before}" for c in changes),
+                      "after": "\n".join(f"# {c.path}\n{c.after}" for c in changes)}} if module._diff else {}
+    module.exit_json(changed=bool(changes), files=files, changed_files=[c.path for c in changes], **extra)
 
 
 if __name__ == "__main__":

@@ -502,20 +502,31 @@ def stat(app: AppContext, tunnel_id, session_id, from_serve: bool, socket_path: 
 
 
 @cli.command()
+@click.option("--offload", "offload_setup", is_flag=True,
+              help="Also the offload's set-up: the plugin for the running pppd, the daemon, xl2tpd's options "
+                   "files and modes (warnings only).")
+@click.option("--xl2tpd-conf", default="/etc/xl2tpd/xl2tpd.conf", show_default=True, help="With --offload.")
+@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+              help="With --offload: the daemon's socket.")
 @click.option("--json", "as_json", is_flag=True)
 @boundary
-def check(as_json: bool) -> None:
+def check(offload_setup: bool, xl2tpd_conf: str, socket_path: str, as_json: bool) -> None:
     """Report kernel support: modules, genl family, PPPoL2TP, /dev/ppp, nftables.
 
     Exits 1 when something required is missing.
 
     \b
-    Example:
+    Examples:
       pipexctl check
+      pipexctl check --offload
     """
     from .kernel.check import as_dicts, run_checks
 
     checks = run_checks()
+    if offload_setup:
+        from .offload.setupcheck import offload_checks
+
+        checks += offload_checks(xl2tpd_conf, socket_path)
     if as_json:
         _emit_json(as_dicts(checks))
     else:

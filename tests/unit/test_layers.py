@@ -31,7 +31,7 @@ LAYERS = [
                          "pipexctl.offload.endings")),
     ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.protocol", "pipexctl.offload.sdnotify", "pipexctl.offload.journal",
                     "pipexctl.offload.metrics",
-                    "pipexctl.offload.client",
+                    "pipexctl.offload.client", "pipexctl.offload.setupcheck",
                     "pipexctl.cli", "pipexctl.__main__")),
     ("harness", ("pipexctl.testing.", "pipexctl.testing", "pipexctl.demo")),
 ]

@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -311,3 +312,31 @@ def test_check_offload_reports_the_setup_piece_by_piece(srv, tmp_path):
     assert got["daemon"].ok and got[f"options {opts}"].ok
     if "plugin" in got:  # this host's pppd (Debian's ppp) with the set-up's plugin
         assert got["plugin"].ok, got["plugin"].detail
+
+
+def test_contrib_rules_and_dashboard_name_only_metrics_the_daemon_exports(srv):
+    import re as _re
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2] / "contrib"
+    offload(srv, call(1))
+    srv.service.offloaded(0.01)
+    reg = metrics.CollectorRegistry()
+    reg.register(metrics.ServeCollector(srv.service))
+    from prometheus_client import ProcessCollector
+
+    ProcessCollector(registry=reg)
+    fams = list(text_string_to_metric_families(generate_latest(reg).decode()))
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "info": ["_info"]}
+    exported = {f.name + x for f in fams for x in suffixes.get(f.type, [""])}  # labelled families with no series too
+    exported |= {"up"}  # Prometheus' own
+    rules = yaml.safe_load((root / "prometheus-alerts.yml").read_text())
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    assert all(r.get("alert") and r.get("annotations", {}).get("summary") for g in rules["groups"] for r in g["rules"])
+    dash = json.loads((root / "grafana-dashboard.json").read_text())
+    exprs += [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    words = {"sum", "by", "rate", "increase", "histogram_quantile", "le", "reason", "instance", "job", "data_path"}
+    for e in exprs:
+        for name in _re.findall(r"\b(pipexctl_\w+|process_\w+|up)\b", e):
+            assert name in exported or name in words, f"{name} (in {e}) is not exported"

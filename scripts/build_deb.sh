@@ -98,6 +98,8 @@ if [ -d /run/systemd/system ]; then
   # the offloaded calls keep running (pppd holds their sockets)
   systemctl stop pipexctl.service pipexctl.socket 2>/dev/null || true
 fi
+# the bytecode Python wrote while pipexctl ran: no package owns it
+find /usr/lib/pipexctl/python -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 exit 0
 EOF
 cat > "$root/DEBIAN/postrm" <<'EOF'

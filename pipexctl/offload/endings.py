@@ -146,16 +146,17 @@ class Endings:
         line, or a pppd that ignores xl2tpd's SIGTERM)."""
         if self.awaiting:
             self._warn_unconfirmed()
-        if not self.exits.exited():
+        dead = self.exits.exited()  # once: the watched pids that have exited
+        if not dead:
             return
         with self.lock:
             changed = False
             for key, ts in list(self.tunnels.items()):
-                if self._xl2tpd_gone(ts):
+                if ts.xl2tpd_pid in dead:
                     self.drop_tunnel(key, f"xl2tpd pid {ts.xl2tpd_pid} exited", sync=False)
                     changed = True
                     continue
-                for cid in [c for c, r in ts.records.items() if not self.exits.alive(r.pppd_pid)]:
+                for cid in [c for c, r in ts.records.items() if r.pppd_pid in dead]:
                     self._end_call(ts, cid, f"ended (pppd {ts.records[cid].pppd_pid} exited): offload removed")
                     changed = True
                 if ts.down is not None and not ts.records:

@@ -112,3 +112,15 @@ def quietly(fn: Callable[[], object], log: Optional[logging.Logger] = None) -> N
     except PipexError as e:
         if log is not None:
             log.warning("%s", e)
+
+
+def gone_ok(fn: Callable[[], object], log: Optional[logging.Logger] = None) -> None:
+    """Delete something that may already be gone (with its pppd or socket):
+    NotFoundError is success; any other PipexError is logged, as ``quietly``."""
+    try:
+        fn()
+    except NotFoundError:
+        pass
+    except PipexError as e:
+        if log is not None:
+            log.warning("%s", e)

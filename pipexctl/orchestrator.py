@@ -79,11 +79,7 @@ class Transaction:
         while self._undo:
             fn = self._undo.pop()
             try:
-                fn()
-            except errors.NotFoundError:
-                pass  # already gone: closing a PPPoL2TP socket deletes its session
-            except errors.PipexError as e:
-                log.warning("%s", e)
+                errors.gone_ok(fn, log)  # already gone counts: closing a PPPoL2TP socket deletes its session
             except Exception:  # an undo never stops the ones after it
                 log.exception("rollback step failed")
 

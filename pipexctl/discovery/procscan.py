@@ -44,6 +44,11 @@ class Proc:
         return "unknown"
 
 
+def _split_stat(stat: str) -> tuple[str, list[str]]:
+    """/proc/PID/stat: (comm, the fields after it); comm may hold spaces and ')'."""
+    return stat[stat.find("(") + 1: stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
+
+
 def _read(pid: int, with_fds: bool) -> Optional[Proc]:
     base = f"/proc/{pid}"
     try:
@@ -53,8 +58,7 @@ def _read(pid: int, with_fds: bool) -> Optional[Proc]:
             argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
     except OSError:
         return None
-    comm = stat[stat.find("(") + 1: stat.rfind(")")]
-    rest = stat[stat.rfind(")") + 2:].split()
+    comm, rest = _split_stat(stat)
     p = Proc(pid, int(rest[1]), comm, argv, int(rest[19]))
     if with_fds:
         try:
@@ -140,7 +144,14 @@ def comm_ppid(pid: int) -> Optional[tuple[str, int]]:
             stat = f.read()
     except OSError:
         return None
-    return stat[stat.find("(") + 1: stat.rfind(")")], int(stat[stat.rfind(")") + 2:].split()[1])
+    comm, rest = _split_stat(stat)
+    return comm, int(rest[1])
+
+
+def runs(pid: int, comm: str) -> bool:
+    """``pid`` is a live process named ``comm`` (by /proc, for a pid no pidfd watches)."""
+    who = comm_ppid(pid)
+    return who is not None and who[0] == comm
 
 
 def is_daemon(pid: int, name: str = "xl2tpd") -> bool:

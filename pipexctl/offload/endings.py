@@ -74,13 +74,7 @@ class Endings:
 
     @staticmethod
     def gone_ok(fn) -> None:
-        """Delete something that may already be gone (with its pppd or socket)."""
-        try:
-            fn()
-        except errors.NotFoundError:
-            pass
-        except errors.PipexError as e:
-            log.warning("%s", e)
+        errors.gone_ok(fn, log)
 
     def handle(self, events: list) -> None:
         with self.lock:

@@ -63,8 +63,7 @@ class Exits:
             watched = pid in self._fds
         if watched:
             return pid not in self.exited()
-        who = procscan.comm_ppid(pid)  # not watched (a pid from an old record): /proc
-        return who is not None and who[0] == comm
+        return procscan.runs(pid, comm)  # not watched (a pid from an old record): /proc
 
     def close(self) -> None:
         with self._lock:

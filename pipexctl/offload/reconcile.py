@@ -50,8 +50,7 @@ def _alive(instance: str, tunnel_id: int, call_id: int, pid: int) -> bool:
     """A recorded call lives while its pppd does.  Discovery is not asked: its
     model comes from log lines anyone can forge, and a kernel session that
     still exists is held open by the pppd that got its channel."""
-    who = procscan.comm_ppid(pid)
-    return who is not None and who[0] == "pppd"
+    return procscan.runs(pid, "pppd")
 
 
 def _rehold_pty(svc: OffloadService, instance: str, s: SessionRecord) -> None:

@@ -52,6 +52,8 @@ class DataPath(Protocol):
 
     def check(self) -> None: ...
 
+    def watching(self) -> bool: ...
+
     def settle(self) -> None: ...
 
     def stats(self) -> dict: ...
@@ -156,6 +158,10 @@ class KernelDataPath:
     def check(self) -> None:
         errors.quietly(self.steering.check, log)
 
+    def watching(self) -> bool:
+        """The twins' table exists and must be checked twice a second."""
+        return bool(self.steering.twins)
+
     def settle(self) -> None:
         errors.quietly(self.steering.settle, log)
 
@@ -200,6 +206,9 @@ class NullDataPath:
 
     def check(self) -> None:
         pass
+
+    def watching(self) -> bool:
+        return any(t for t, _ in self.tunnels.values())
 
     def settle(self) -> None:
         pass

@@ -133,6 +133,11 @@ class Endings:
         self.datapath.check()
         self.sweep()
 
+    def busy(self) -> bool:
+        """Something needs the watcher's half-second round: a twins' table to
+        keep, or an end that no exit has confirmed yet."""
+        return bool(self.awaiting) or self.datapath.watching()
+
     def sweep(self) -> None:
         """Act on exits: a pppd's ends its session, an xl2tpd's its tunnels, and
         a tunnel discovery said ended goes with its last pppd.  An end that no

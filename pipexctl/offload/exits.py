@@ -45,7 +45,8 @@ class Exits:
                 return
             ent[1] -= 1
             if ent[1] <= 0:
-                self._sel.unregister(ent[0])
+                if pid not in self._dead:  # an exited one is out of epoll already
+                    self._sel.unregister(ent[0])
                 os.close(ent[0])
                 del self._fds[pid]
                 self._dead.discard(pid)
@@ -56,7 +57,14 @@ class Exits:
             if self._fds:
                 for key, _ in self._sel.select(0):
                     self._dead.add(key.data)
+                    # out of epoll once seen: an exited pid's pidfd stays
+                    # readable, and fileno() must not wake a waiter for ever
+                    self._sel.unregister(key.fd)
             return set(self._dead)
+
+    def fileno(self) -> int:
+        """Readable when a watched process has exited since the last exited()."""
+        return self._sel.fileno()
 
     def alive(self, pid: int, comm: str = "pppd") -> bool:
         with self._lock:
@@ -67,7 +75,9 @@ class Exits:
 
     def close(self) -> None:
         with self._lock:
-            for fd, _ in self._fds.values():
+            for pid, (fd, _) in self._fds.items():
+                if pid not in self._dead:
+                    self._sel.unregister(fd)
                 os.close(fd)
             self._fds.clear()
             self._sel.close()

@@ -69,7 +69,7 @@ class PtyHolder:
     def _drain(self) -> None:
         while True:
             try:
-                ready = self._sel.select(1)
+                ready = self._sel.select(30)  # epoll sees fds registered meanwhile
             except (OSError, ValueError):
                 continue
             for k, _ in ready:

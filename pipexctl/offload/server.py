@@ -37,7 +37,7 @@ from . import paths, reconcile, sdnotify
 from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, is_ack, parse_request, reply
 from .datapath import DataPath
 from .service import OffloadService
-from .watch import CallWatch
+from .watch import CallWatch, FdEvent
 
 log = logging.getLogger("pipexctl.serve")
 
@@ -97,8 +97,9 @@ class OffloadServer:
         self.service = OffloadService(
             self.watch, backend, datapath, xl2tpd_port=xl2tpd_port, teardown_on_exit=teardown_on_exit,
             state_path=state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json"))
-        self.reload = threading.Event()
-        self.stop = threading.Event()
+        # FdEvents: a signal handler's set() wakes the threads blocked in select()
+        self.reload = FdEvent()
+        self.stop = FdEvent()
         # a listening socket systemd made (pipexctl.socket): it outlives the daemon
         self.activated: Optional[socket.socket] = None
         self._watchdog, self._pinged = sdnotify.watchdog_interval(), 0.0
@@ -136,15 +137,16 @@ class OffloadServer:
         threading.Thread(target=self.watch.run, name="discovery", daemon=True,
                          args=(self.stop, self.reload),
                          kwargs={"handle": svc.handle, "reloaded": self._reloaded,
-                                 "tick": self._tick}).start()
+                                 "tick": self._tick, "exits": svc.exits, "busy": svc.busy}).start()
         log.info("serving on %s%s", self.socket_path, " (socket from systemd)" if self.activated else "")
         sdnotify.notify("READY=1", f"STATUS=serving; {self._summary()}")
         sel = selectors.DefaultSelector()
         sel.register(srv, selectors.EVENT_READ)
+        sel.register(self.stop, selectors.EVENT_READ)
         warned = float("-inf")  # monotonic() may be under 60 s just after boot
         try:
             while not self.stop.is_set():
-                if not sel.select(0.2):
+                if not any(k.fileobj is srv for k, _ in sel.select()):
                     continue
                 try:
                     conn, _ = srv.accept()

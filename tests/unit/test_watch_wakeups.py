@@ -1,0 +1,146 @@
+"""The daemon sleeps until something happens: an exit, a waiting request, a
+stop or a reload wakes its watcher at once, and an exited pid does not keep
+waking it.  (How much CPU a quiet daemon then leaves to the data path is a
+benchmark figure, `make bench`, not asserted here.)  The idle interval is
+set to a minute in these tests, so anything answered within seconds was
+answered by a wake-up, not by the timer."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import threading
+import time
+
+from pipexctl.discovery.discovery import Discovery
+from pipexctl.kernel.backend import NullBackend
+from pipexctl.offload.datapath import NullDataPath
+from pipexctl.offload.exits import Exits
+from pipexctl.offload.server import OffloadServer
+from pipexctl.offload.watch import CallWatch, FdEvent
+
+
+def readable(obj) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(obj, selectors.EVENT_READ)
+        return bool(sel.select(0))
+
+
+def test_an_exited_pid_wakes_once_not_for_ever():
+    ex = Exits()
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        assert ex.watch(p.pid)
+        assert not readable(ex)
+        p.kill()
+        p.wait()
+        assert readable(ex)
+        assert ex.exited() == {p.pid}
+        assert not readable(ex)  # reported; the pidfd left epoll
+        assert ex.exited() == {p.pid}  # and still reported until unwatched
+        ex.unwatch(p.pid)
+        assert ex.exited() == set()
+    finally:
+        ex.close()
+
+
+def test_fdevent_wakes_a_select_and_drains():
+    ev = FdEvent()
+    assert not readable(ev)
+    ev.kick()
+    assert readable(ev) and not ev.is_set()
+    ev.drain()
+    assert not readable(ev)
+    ev.set()
+    assert readable(ev) and ev.is_set()
+
+
+def _watcher(tmp_path, **kw):
+    log = tmp_path / "xl2tpd.log"
+    log.write_text("xl2tpd[147]: xl2tpd version xl2tpd-1.3.18 started on (none) PID:147\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.refresh(events=False)
+    w = CallWatch(d, log_interval=0.05, reconcile_interval=3600)
+    w.IDLE_INTERVAL = 60.0
+    w.ACTIVE_FOR = 0.0
+    stop, reload = FdEvent(), FdEvent()
+    ticks, reloads = [], []
+    t = threading.Thread(target=w.run, args=(stop, reload), daemon=True,
+                         kwargs={"handle": lambda ev: None, "reloaded": lambda ev: reloads.append(1),
+                                 "tick": lambda: ticks.append(time.monotonic()), **kw})
+    t.start()
+    time.sleep(0.3)  # the first round is done: the watcher sleeps now
+    return log, d, w, stop, reload, t, ticks, reloads
+
+
+def test_a_quiet_watcher_sleeps_and_is_woken_by_an_exit_a_reload_and_a_stop(tmp_path):
+    ex = Exits()
+    p = subprocess.Popen(["sleep", "30"])
+    ex.watch(p.pid)
+    log, d, w, stop, reload, t, ticks, reloads = _watcher(tmp_path, exits=ex)
+    try:
+        n = len(ticks)
+        time.sleep(1.0)
+        assert len(ticks) == n  # idle: no round within a second (the interval is a minute here)
+        p.kill()
+        p.wait()
+        end = time.monotonic() + 5
+        while len(ticks) == n and time.monotonic() < end:
+            time.sleep(0.02)
+        assert len(ticks) > n, "an exit did not wake the watcher"
+        assert ex.exited() == {p.pid}
+        reload.set()
+        end = time.monotonic() + 5
+        while not reloads and time.monotonic() < end:
+            time.sleep(0.02)
+        assert reloads, "SIGHUP's reload did not wake the watcher"
+        stop.set()
+        t.join(5)
+        assert not t.is_alive(), "stop did not wake the watcher"
+    finally:
+        stop.set()
+        ex.close()
+        d.close()
+
+
+def test_a_request_waiting_for_its_line_wakes_the_watcher_and_gets_its_call(tmp_path):
+    log, d, w, stop, reload, t, ticks, reloads = _watcher(tmp_path)
+    try:
+        def later():
+            time.sleep(0.5)
+            with log.open("a") as f:
+                f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
+                        "(ref=0/0).  LNS session is 'default'\n"
+                        "xl2tpd[147]: Call established with 10.99.1.2, PID: 151, Local: 19361, Remote: 13604, "
+                        "Serial: 1\n")
+        threading.Thread(target=later, daemon=True).start()
+        t0 = time.monotonic()
+        call, why = w.call_of(151, 20.0)
+        assert call is not None, why
+        assert time.monotonic() - t0 < 10  # not the minute of an idle watcher
+        assert w.waiting == 0
+    finally:
+        stop.set()
+        t.join(5)
+        d.close()
+
+
+def test_the_daemon_stops_at_once_though_nothing_polls(tmp_path):
+    d = Discovery([], proc=False, kernel=False)
+    s = OffloadServer(str(tmp_path / "s.sock"), d, NullBackend(), NullDataPath())
+    t = threading.Thread(target=s.serve_forever, daemon=True)
+    t.start()
+    try:
+        end = time.monotonic() + 20
+        while not os.path.exists(s.socket_path) and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        s.stop.set()
+        t.join(10)
+        assert not t.is_alive() and time.monotonic() - t0 < 5
+        assert not os.path.exists(s.socket_path)
+    finally:
+        s.stop.set()
+        d.close()

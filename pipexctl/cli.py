@@ -686,7 +686,8 @@ def _check_listen(ctx, param, value):
 @click.option("--wait", default=5.0, show_default=True, help="Seconds to wait for a pppd's call to show in discovery.")
 @click.option("--xl2tpd-port", default=1701, show_default=True, help="UDP port xl2tpd listens on.")
 @click.option("--reconcile-interval", default=5.0, show_default=True,
-              help="Seconds between /proc and kernel checks (the logs are followed continuously).")
+              help="Seconds between /proc and kernel checks while calls come and go (at least 30 s while "
+                   "nothing happens). Logs are read every second, every 0.2 s while a pppd waits for its call.")
 @click.option("--state", "state_path", default=None, metavar="PATH",
               help="State file of what the daemon made  [default: state.json next to --socket]")
 @click.option("--teardown-on-exit", is_flag=True,

@@ -40,9 +40,15 @@ def _host_kernel_reason() -> str | None:
     return None
 
 
+def guest_init(item) -> str:
+    """The guest flavour a kernel test needs (marker ``guest_init``)."""
+    m = item.get_closest_marker("guest_init")
+    return m.args[0] if m else "shell"
+
+
 class GuestRun:
-    def __init__(self, config, nodeids: list[str], why_not_host: str) -> None:
-        self.config, self.nodeids, self.why = config, nodeids, why_not_host
+    def __init__(self, config, nodeids: list[str], why_not_host: str, init: str = "shell") -> None:
+        self.config, self.nodeids, self.why, self.init = config, nodeids, why_not_host, init
         self.results: dict[str, dict] | None = None
         self.error: str | None = None
         self.console_tail = ""
@@ -63,9 +69,9 @@ class GuestRun:
             return self.results or {}
         from pipexctl.testing.vm import VMError, run_in_guest
 
-        self._say(f"\n[kernel tests] host kernel cannot run them ({self.why}); "
-                  f"booting the Debian-kernel guest once for {len(self.nodeids)} tests ...")
-        args = ROOT / ".pytest-guest-args"
+        self._say(f"\n[kernel tests] host kernel cannot run them ({self.why}); booting the Debian-kernel guest "
+                  f"({self.init} as PID 1) once for {len(self.nodeids)} tests ...")
+        args = ROOT / f".pytest-guest-args-{self.init}"
         start = time.monotonic()
         try:
             with open(args, "w") as f:
@@ -85,6 +91,7 @@ class GuestRun:
                     cwd=str(ROOT),
                     echo=echo,
                     timeout=float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "3600")),
+                    init=self.init,
                 )
         except VMError as e:
             self.error = f"kernel tests cannot run: the host lacks L2TP ({self.why}) and the guest failed: {e}"
@@ -101,7 +108,7 @@ class GuestRun:
                 # keep the worst phase: a failed setup/teardown fails the test
                 if prev is None or rec["outcome"] != "passed" and prev["outcome"] == "passed":
                     self.results[rec["nodeid"]] = rec
-        self._say(f"[kernel tests] guest finished in {time.monotonic() - start:.0f} s "
+        self._say(f"[kernel tests] guest ({self.init}) finished in {time.monotonic() - start:.0f} s "
                   f"(guest pytest exit status {r.returncode}, {len(self.results)} results)")
         slow = sorted(self.results.values(), key=lambda rec: -rec.get("duration", 0))
         self._say("[kernel tests] slowest in the guest (call phase): " + ", ".join(
@@ -151,11 +158,15 @@ def pytest_collection_modifyitems(session, config, items):
     if not kernel:
         return
     why = _host_kernel_reason()
-    if why is None:
+    if why is None:  # run here; a test that needs systemd as PID 1 checks that itself and fails if not
         return
-    guest = GuestRun(config, [i.nodeid for i in kernel], why)
+    # one boot per flavour: the shell guest for most, systemd as PID 1 for the tests that need Debian's boot
+    guests = {}
+    for init in dict.fromkeys(guest_init(i) for i in kernel):
+        guests[init] = GuestRun(config, [i.nodeid for i in kernel if guest_init(i) == init], why, init)
     for idx, item in enumerate(items):
         if item.get_closest_marker("kernel"):
+            guest = guests[guest_init(item)]
             new = GuestItem.from_parent(item.parent, name=item.name, guest=guest, target_nodeid=item.nodeid)
             new.add_marker(pytest.mark.kernel)
             items[idx] = new

@@ -53,8 +53,12 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 for m in $(cat /modules.order); do insmod "/modules/$m" || echo "pipexctl-vm: insmod $m failed"; done
 results=""
+init=shell
 for arg in $(cat /proc/cmdline); do
-  case "$arg" in pipexctl.results=*) results="${arg#pipexctl.results=}";; esac
+  case "$arg" in
+    pipexctl.results=*) results="${arg#pipexctl.results=}";;
+    pipexctl.init=*) init="${arg#pipexctl.init=}";;
+  esac
 done
 fail() { echo "pipexctl-vm: $*"; echo "@@PIPEXCTL-VM-EXIT 125@@"; poweroff -f; }
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose hostroot /lower || fail "cannot mount the host root over 9p"
@@ -70,6 +74,30 @@ mkdir -p "/root$results"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 results "/root$results" || fail "cannot mount the results share"
 # switch_root, not chroot: the kernel's module loader (request_module) runs
 # /sbin/modprobe in PID 1's root, which must be the host's root.
+if [ "$init" = systemd ]; then
+  # Debian's boot as it is: systemd as PID 1 brings up multi-user.target
+  # (journald, the sysv xl2tpd.service ...), then runs the command as a unit
+  u=/root/etc/systemd/system
+  mkdir -p $u
+  for m in $(cat "/root$results/masked"); do ln -sf /dev/null "$u/$m"; done
+  cat > $u/pipexctl-guest.service <<UNIT
+[Unit]
+Description=pipexctl guest command
+Wants=multi-user.target
+After=multi-user.target
+[Service]
+Type=oneshot
+TimeoutStartSec=infinity
+ExecStart=/bin/sh $results/guest.sh
+StandardInput=null
+StandardOutput=tty
+StandardError=inherit
+TTYPath=/dev/ttyS0
+TTYReset=no
+TTYVHangup=no
+UNIT
+  exec switch_root /root /lib/systemd/systemd
+fi
 exec switch_root /root /bin/sh "$results/guest.sh"
 """
 
@@ -80,14 +108,29 @@ set -u
 export PIPEXCTL_IN_GUEST=1
 export HOME=/root
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH_EXTRA:-}
-ip link set lo up
 mkdir -p /run/netns /run/xl2tpd /var/run
+if [ -d /run/systemd/system ]; then
+  # systemd made /dev, the mounts and lo; nothing below is needed
+  :
+else
+ip link set lo up
 [ -L /dev/ptmx ] || { rm -f /dev/ptmx; ln -s pts/ptmx /dev/ptmx; }
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd
 for i in 0:stdin 1:stdout 2:stderr; do [ -e /dev/${i#*:} ] || ln -s /proc/self/fd/${i%%:*} /dev/${i#*:}; done
 [ -d /sys/kernel/debug ] && mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+fi
 """
+
+# Units of the host's root that a test guest must not start under systemd:
+# a database, timers that run apt or fstrim, logins on the console (the
+# command's output goes there).
+SYSTEMD_MASKED = (
+    "postgresql.service", "postgresql@.service", "e2scrub_reap.service", "getty@tty1.service",
+    "serial-getty@ttyS0.service", "apt-daily.timer", "apt-daily-upgrade.timer", "dpkg-db-backup.timer",
+    "e2scrub_all.timer", "fstrim.timer", "man-db.timer", "systemd-timesyncd.service", "systemd-pstore.service",
+)
+INITS = ("shell", "systemd")
 
 
 class VMError(RuntimeError):
@@ -214,6 +257,7 @@ def run_in_guest(
     keep_results: bool = False,
     progress: bool = False,
     files: dict[str, str] | None = None,
+    init: str = "shell",
 ) -> GuestResult:
     """Boot the guest, run ``command`` as root in ``cwd`` and power off.
 
@@ -221,7 +265,13 @@ def run_in_guest(
     before boot (the guest sees them at ``$PIPEXCTL_RESULTS/<name>``).
     Everything the command writes below ``$PIPEXCTL_RESULTS`` comes back in
     ``GuestResult.results_dir``.
+
+    ``init``: "shell" runs the command as PID 1's child right after the
+    overlay is up (seconds); "systemd" boots systemd as PID 1 to
+    multi-user.target first and runs the command as a unit after it.
     """
+    if init not in INITS:
+        raise VMError(f"unknown guest init {init!r} (one of {', '.join(INITS)})")
     if os.geteuid() != 0:
         raise VMError("the test VM must be started as root (it shares / over 9p with passthrough)")
     image, version = find_kernel()
@@ -247,6 +297,7 @@ def run_in_guest(
     script.append("/bin/busybox poweroff -f || echo o > /proc/sysrq-trigger")
     script.append("sleep 10")
     (results / "guest.sh").write_text("\n".join(script) + "\n")
+    (results / "masked").write_text("\n".join(SYSTEMD_MASKED) + "\n")
     for name, text in (files or {}).items():
         (results / name).write_text(text)
 
@@ -259,7 +310,8 @@ def run_in_guest(
         "-no-reboot",
         "-kernel", str(image),
         "-initrd", str(initrd),
-        "-append", f"console=ttyS0 quiet loglevel=3 panic=-1 random.trust_cpu=on pipexctl.results={results}",
+        "-append", f"console=ttyS0 quiet loglevel=3 panic=-1 random.trust_cpu=on pipexctl.results={results} pipexctl.init={init}"
+        + (" systemd.unit=pipexctl-guest.service systemd.show_status=false" if init == "systemd" else ""),
         "-virtfs", "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
         "-virtfs", f"local,path={results},mount_tag=results,security_model=passthrough,multidevs=remap",
         "-device", "virtio-rng-pci",
@@ -350,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", type=int, default=2048, help="guest memory in MiB")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1500.0)
+    p.add_argument("--init", choices=INITS, default="shell",
+                   help="systemd: boot systemd as PID 1 to multi-user.target, then run the command as a unit")
     p.add_argument("--keep-results", metavar="DIR", help="copy the guest's $PIPEXCTL_RESULTS here afterwards")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -357,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         p.error("no command given")
     try:
-        r = run_in_guest(cmd, cwd=a.cwd, memory_mb=a.memory, cpus=a.cpus, timeout=a.timeout, progress=True)
+        r = run_in_guest(cmd, cwd=a.cwd, memory_mb=a.memory, cpus=a.cpus, timeout=a.timeout, progress=True,
+                         init=a.init)
     except VMError as e:
         print(f"pipexctl-vm: {e}", file=sys.stderr)
         return BOOT_FAILED

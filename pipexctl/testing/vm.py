@@ -79,6 +79,9 @@ if [ "$init" = systemd ]; then
   # (journald, the sysv xl2tpd.service ...), then runs the command as a unit
   u=/root/etc/systemd/system
   mkdir -p $u
+  # a container's marker on the host's root makes systemd think it runs in
+  # one, and a container's PID 1 ignores the kernel command line (systemd.unit=)
+  rm -f /root/.dockerenv /root/run/.containerenv
   for m in $(cat "/root$results/masked"); do ln -sf /dev/null "$u/$m"; done
   cat > $u/pipexctl-guest.service <<UNIT
 [Unit]

@@ -6,7 +6,9 @@ default install), xl2tpd is Debian's own ``xl2tpd.service`` (its init
 script, started by systemd in its own order, logging through syslog() into
 the journal), and pipexctl is the ``.deb`` that `make deb` built, installed
 with apt and started with ``systemctl enable --now`` as docs/quickstart.md
-says, under every hardening option of the shipped unit.
+says, under every hardening option of the shipped unit.  Then the three
+units are stopped and started again in systemd's own order, as at boot,
+while the peer dials.
 
 The LNS is the guest's own network namespace (xl2tpd.service's); the LAC
 is an xl2tpd in a namespace this test creates, joined by a veth.  pppd's
@@ -180,6 +182,22 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         assert "ended" in journal("-u", "pipexctl")
         assert sh("systemctl", "is-active", "pipexctl.service").strip() == "active"
         assert "Failed" not in sh("systemctl", "--no-pager", "status", "pipexctl.service", check=False)
+
+        # systemd's own order, as at boot: all three stopped, then multi-user.target
+        # started in one transaction while the peer dials at once; the call is
+        # offloaded (the plugin socket is there before xl2tpd's first pppd)
+        sh("systemctl", "stop", "pipexctl.service", "pipexctl.socket", "xl2tpd.service")
+        assert not Path("/run/pipexctl/serve.sock").exists()
+        sh("systemctl", "start", "--no-block", "multi-user.target")
+        lac_control("c lns")
+        wait_until(lambda: ppp_up_root() and l2tp("session") == 1, "the call dialled during the start offloaded",
+                   timeout=120, detail=state)
+        assert sh("systemctl", "is-active", "pipexctl.socket", "pipexctl.service", "xl2tpd").split() == \
+            ["active"] * 3, state()
+        st = json.loads(sh("pipexctl", "status", "--json"))
+        assert [c["path"] for c in st["calls"]] == ["offloaded"], st
+        ok, text = ping()
+        assert ok, text + state()
     finally:
         subprocess.run(["pkill", "-f", "xl2tpd.*/run/sdlac"], capture_output=True)
         if lac:

@@ -93,6 +93,34 @@ def test_forged_log_lines_drop_no_call_and_the_real_end_still_cleans_up(lab):
     assert lab.serve_status(lab.lns)["tunnels"] == []
 
 
+def test_a_peers_stopccn_text_with_newlines_drops_no_call(lab):
+    """A remote peer, not a local user: xl2tpd copies a StopCCN's Result Code
+    message into its "Connection closed to ..." line unfiltered, so newlines
+    in it become lines of their own in the log, tagged with xl2tpd's real
+    pid.  A peer opens a tunnel of its own and closes it with text that ends
+    the offloaded call of another peer; the call is kept."""
+    _, l1 = offloaded_call(lab)
+    t = lab.serve_status(lab.lns)["tunnels"][0]
+    (cid,) = t["sessions"]
+    peer = t["peer"].split(":")[0]
+    xpid = _xl2tpd_pid(lab.lns)
+    injected = f"xl2tpd[{xpid}]: call_close: Call {cid} to {peer} disconnected"
+    before = kernel_objects(lab.lns.ns)
+    r = subprocess.run(["ip", "netns", "exec", l1.ns, sys.executable, "-m", "pipexctl.testing.l2tp_peer", "10.99.1.1",
+                        "1702", f"bye\n{injected}\nxl2tpd[{xpid}]: ("], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr + lab.tails()
+    # the injection is in the log as a line of its own, as xl2tpd wrote it
+    wait_until(lambda: injected in lab.lns.log.read_text().splitlines(), "xl2tpd logged the peer's text",
+               timeout=30, detail=lab.tails)
+    wait_until(lambda: lab.serve_status(lab.lns)["stats"]["unconfirmed_ends"] >= 1, "the unconfirmed end warned",
+               timeout=60, detail=lambda: serve_log(lab, lab.lns)[-3000:])
+    assert kernel_objects(lab.lns.ns) == before, serve_log(lab, lab.lns)[-3000:]
+    ok, out = ping(l1.ns, "10.99.100.1")
+    assert ok, out
+    assert [x["sessions"] for x in lab.serve_status(lab.lns)["tunnels"]] == [[cid]]
+    assert "kept until pppd exits" in serve_log(lab, lab.lns)
+
+
 def _metrics_refused(lab):
     return ask(lab.serve_socket(lab.lns), {"op": "metrics"})["offload"]["refused"]
 

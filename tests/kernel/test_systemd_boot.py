@@ -158,8 +158,9 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         # stock options: compression turned off on the kernel channel, and said so
         assert "ACFC, PFC, VJ and CCP compression off" in pppd_log, pppd_log[-3000:]
         # the record carries fields: `journalctl -u pipexctl CALL_ID=...`
-        call_id = st["calls"][0]["call_id"]
+        call_id, tunnel_id = st["calls"][0]["call_id"], st["calls"][0]["tunnel_id"]
         assert "offloaded" in journal("-u", "pipexctl", f"CALL_ID={call_id}")
+        assert "offloaded" in journal(f"TUNNEL_ID={tunnel_id}")
 
         # a restart of the daemon under a running ping: the call stays, is adopted
         p = subprocess.Popen(["ip", "netns", "exec", LAC_NS, "ping", "-c", "100", "-i", "0.2", "-W", "2",
@@ -174,14 +175,37 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         assert [c["path"] for c in st["calls"]] == ["offloaded"], st
         assert l2tp("session") == 1
 
-        # the peer hangs up: everything goes, the journal says so
-        lac_control("d lns")
-        wait_until(lambda: l2tp("session") == 0 and not lns_pppds(), "the call ended", timeout=60,
+        # systemctl reload: SIGHUP, everything read again, the call kept
+        sh("systemctl", "reload", "pipexctl.service")
+        wait_until(lambda: "reloaded (SIGHUP)" in journal("-u", "pipexctl"), "the reload done", timeout=60,
                    detail=state)
-        wait_until(lambda: l2tp("tunnel") == 0, "the tunnel removed", timeout=90, detail=state)
+        assert [c["path"] for c in json.loads(sh("pipexctl", "status", "--json"))["calls"]] == ["offloaded"]
+        ok, text = ping()
+        assert ok, text + state()
+
+        def hang_up():
+            lac_control("d lns")
+            wait_until(lambda: l2tp("session") == 0 and not lns_pppds(), "the call ended", timeout=60,
+                       detail=state)
+            wait_until(lambda: l2tp("tunnel") == 0, "the tunnel removed", timeout=90, detail=state)
+
+        # the peer hangs up: everything goes, the journal says so
+        hang_up()
         assert "ended" in journal("-u", "pipexctl")
         assert sh("systemctl", "is-active", "pipexctl.service").strip() == "active"
         assert "Failed" not in sh("systemctl", "--no-pager", "status", "pipexctl.service", check=False)
+
+        # a call dialled while the daemon restarts waits on systemd's socket and
+        # is offloaded by the new daemon
+        sh("systemctl", "restart", "--no-block", "pipexctl.service")
+        lac_control("c lns")
+        wait_until(lambda: ppp_up_root() and l2tp("session") == 1, "the call dialled during the restart offloaded",
+                   timeout=120, detail=state)
+        wait_until(lambda: sh("systemctl", "is-active", "pipexctl.service", check=False).strip() == "active",
+                   "pipexctl.service active again", timeout=120, detail=state)
+        main = sh("systemctl", "show", "-p", "MainPID", "--value", "pipexctl.service").strip()
+        assert "offloaded in" in journal("-u", "pipexctl", f"_PID={main}"), state()
+        hang_up()
 
         # systemd's own order, as at boot: all three stopped, then multi-user.target
         # started in one transaction while the peer dials at once; the call is

@@ -29,7 +29,12 @@ DEFAULT_LOGS = ["/var/log/syslog", "/var/log/daemon.log", "journal:xl2tpd"]
 
 
 class LogFile:
-    """A file followed across rotation and truncation (like ``tail -F``)."""
+    """A file followed across rotation and truncation (like ``tail -F``),
+    read at most CHUNK bytes at a time: a day of a busy LNS's syslog is
+    parsed chunk by chunk, never held in memory whole (``more`` says that a
+    read stopped at the chunk's end)."""
+
+    CHUNK = 4 << 20
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -37,6 +42,7 @@ class LogFile:
         self._ino: Optional[int] = None
         self._buf = b""
         self.gaps = 0  # truncations seen: lines written just before one may be lost
+        self.more = False
 
     def read_lines(self) -> list[str]:
         out: list[bytes] = []
@@ -45,7 +51,10 @@ class LogFile:
         except FileNotFoundError:
             st = None
         if self._f is not None and st is not None and st.st_ino != self._ino:
-            out += self._drain()  # rotated: finish the old file first
+            while True:  # rotated: finish the old file first
+                out += self._drain()
+                if not self.more:
+                    break
             self._f.close()
             self._f = None
         if self._f is None and st is not None:
@@ -60,7 +69,8 @@ class LogFile:
         return [b.decode("utf-8", "replace") for b in out]
 
     def _drain(self) -> list[bytes]:
-        data = self._f.read()
+        data = self._f.read(self.CHUNK)
+        self.more = len(data) == self.CHUNK
         if not data:
             return []
         data = self._buf + data
@@ -166,13 +176,16 @@ class Discovery:
         for s in self.sources:
             if s.reader is None:
                 continue
-            gaps = getattr(s.reader, "gaps", 0)
-            lines = s.reader.read_lines()
-            if getattr(s.reader, "gaps", 0) != gaps:  # lines may be missing: stop trusting counts
-                self.tracker.inst(s.name).serial_anchor = None
-            for line in lines:
-                for rec in s.parser.feed(line):
-                    ev += self.tracker.apply(s.name, rec)
+            while True:
+                gaps = getattr(s.reader, "gaps", 0)
+                lines = s.reader.read_lines()
+                if getattr(s.reader, "gaps", 0) != gaps:  # lines may be missing: stop trusting counts
+                    self.tracker.inst(s.name).serial_anchor = None
+                for line in lines:
+                    for rec in s.parser.feed(line):
+                        ev += self.tracker.apply(s.name, rec)
+                if not getattr(s.reader, "more", False):
+                    break
             if not lines:
                 # nothing new since the last read: a pppd argv at the end of the
                 # log is complete (xl2tpd writes all of it before forking pppd)

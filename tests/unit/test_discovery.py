@@ -287,6 +287,41 @@ def test_logfile_follows_rotation_and_truncation(tmp_path):
     f.close()
 
 
+def test_a_large_log_is_read_in_bounded_chunks_and_nothing_is_lost(tmp_path, monkeypatch):
+    """Each read takes at most LogFile.CHUNK bytes (a lines split across two
+    chunks is joined); discovery reads chunk after chunk until the end, so
+    the model is the same as from one read of the whole file."""
+    lines = (DATA / "lns-kernel.log").read_text().splitlines()
+    log = tmp_path / "part.log"  # up to the moment both calls are up
+    log.write_text("\n".join(lines[:next(i for i, ln in enumerate(lines) if "statistics" in ln)]) + "\n")
+    whole = Discovery([str(log)], proc=False, kernel=False)
+    want = whole.snapshot().as_dict()
+    whole.close()
+    reads = []
+    real = LogFile._drain
+
+    def counting(self):
+        out = real(self)
+        reads.append(self.more)
+        return out
+
+    monkeypatch.setattr(LogFile, "CHUNK", 997)  # a prime: chunks end inside lines
+    monkeypatch.setattr(LogFile, "_drain", counting)
+    d = Discovery([str(log)], proc=False, kernel=False)
+    got = d.snapshot().as_dict()
+    d.close()
+    size = log.stat().st_size
+    assert len(reads) >= size // 997 and reads.count(True) == size // 997
+    for snap in (want, got):
+        for t in snap["tunnels"]:
+            t.pop("since", None)
+        for c in snap["calls"]:
+            c.pop("since", None)
+    assert got["tunnels"] == want["tunnels"] and got["calls"] == want["calls"]
+    got["stats"].pop("at", None), want["stats"].pop("at", None)
+    assert len(got["calls"]) == 2 and got["stats"] == want["stats"]
+
+
 def test_discovery_snapshot_from_logs(tmp_path):
     d = Discovery([str(DATA / "lns-kernel.log")], proc=False, kernel=False)
     lines = (DATA / "lns-kernel.log").read_text().splitlines()

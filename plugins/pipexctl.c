@@ -42,9 +42,11 @@
 #include <linux/ppp_defs.h>
 
 #ifdef PPP_API_25
-/* pppd 2.5: renamed entry points (not built here: Debian 12 ships 2.4.9) */
+/* pppd 2.5 (Debian 13): renamed entry points; compiled against trixie's
+ * ppp-dev headers by tests/unit/test_plugin_build.py */
 #include <pppd/pppd.h>
 #include <pppd/options.h>
+#include <pppd/fsm.h>
 #include <pppd/lcp.h>
 #include <pppd/ipcp.h>
 #include <pppd/ccp.h>

@@ -51,6 +51,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 # the pppd plugin, built against the installed pppd headers and put in pppd's plugin dir
 make -s -C plugins install >/dev/null
+# Debian 13's pppd 2.5.2 headers and binary, for the plugin's build test against the 2.5 API
+bash scripts/fetch_trixie_ppp.sh
 # byte-compile now: the guest sees the tree read-only and would recompile every boot
 .venv/bin/python -m compileall -q pipexctl tests >/dev/null
 echo "setup: ok ($(.venv/bin/pipexctl --version), kernel for the guest: $(ls /boot/vmlinuz-* | tail -1))"

@@ -1,6 +1,10 @@
 # The README's two commands: `make demo` and `make test` (both run setup first).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# DEBIAN=13: the kernel tests run in the Debian 13 guest (kernel 6.12, pppd 2.5.2),
+# except those pinned to Debian 12 (tests/conftest.py)
+DEBIAN ?= 12
+export PIPEXCTL_DEBIAN := $(DEBIAN)
 
 .PHONY: setup demo test test-unit test-kernel deb bench bench-profile churn clean
 

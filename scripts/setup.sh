@@ -9,12 +9,13 @@ cd "$(dirname "$0")/.."
 # ppp/xl2tpd/iperf3/nftables/iproute2: the lab.  gcc + headers: the ABI test
 # and the pppd plugin.  busybox-static: the guest's initramfs.
 # systemd: systemd-analyze for the unit test of systemd/pipexctl.service.
+# mmdebstrap: the Debian 13 guest's root (scripts/debian13_root.sh).
 # curl: the kernel test scrapes --metrics with a client that is not ours.
 # python3-apt: Ansible's apt module (the role is run for real in the guest).
 # ruby: `ruby -c` of vagrant/Vagrantfile.  groff-base: the man page check.
 PKGS=(qemu-system-x86 linux-image-amd64 busybox-static kmod iproute2 iputils-ping nftables
       ppp ppp-dev xl2tpd iperf3 ethtool gcc libc6-dev linux-libc-dev make python3 python3-venv
-      systemd curl python3-apt ruby groff-base)
+      systemd curl python3-apt ruby groff-base mmdebstrap)
 
 if [ "$(id -u)" != 0 ]; then
   echo "setup: run as root (it installs Debian packages and the guest needs root)" >&2
@@ -53,6 +54,8 @@ fi
 make -s -C plugins install >/dev/null
 # Debian 13's pppd 2.5.2 headers and binary, for the plugin's build test against the 2.5 API
 bash scripts/fetch_trixie_ppp.sh
+# the Debian 13 guest's root (kernel 6.12, pppd 2.5.2): `make test DEBIAN=13`
+bash scripts/debian13_root.sh
 # byte-compile now: the guest sees the tree read-only and would recompile every boot
 .venv/bin/python -m compileall -q pipexctl tests >/dev/null
 echo "setup: ok ($(.venv/bin/pipexctl --version), kernel for the guest: $(ls /boot/vmlinuz-* | tail -1))"

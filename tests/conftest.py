@@ -41,14 +41,26 @@ def _host_kernel_reason() -> str | None:
 
 
 def guest_init(item) -> str:
-    """The guest flavour a kernel test needs (marker ``guest_init``)."""
+    """How the guest a kernel test needs boots (marker ``guest_init``)."""
     m = item.get_closest_marker("guest_init")
     return m.args[0] if m else "shell"
 
 
+def guest_flavour(item) -> str:
+    """Which Debian the guest runs: ``PIPEXCTL_DEBIAN=13`` (`make test
+    DEBIAN=13`) moves the kernel tests to the Debian 13 guest, except those
+    pinned to Debian 12 (marker ``debian12``: the bookworm .deb, the Ansible
+    role's build on bookworm, systemd as PID 1)."""
+    if item.get_closest_marker("debian12") or guest_init(item) == "systemd":
+        return "debian12"
+    return "debian13" if os.environ.get("PIPEXCTL_DEBIAN", "12") == "13" else "debian12"
+
+
 class GuestRun:
-    def __init__(self, config, nodeids: list[str], why_not_host: str, init: str = "shell") -> None:
+    def __init__(self, config, nodeids: list[str], why_not_host: str, init: str = "shell",
+                 flavour: str = "debian12") -> None:
         self.config, self.nodeids, self.why, self.init = config, nodeids, why_not_host, init
+        self.flavour = flavour
         self.results: dict[str, dict] | None = None
         self.error: str | None = None
         self.console_tail = ""
@@ -67,18 +79,18 @@ class GuestRun:
     def get(self) -> dict[str, dict]:
         if self.results is not None or self.error is not None:
             return self.results or {}
-        from pipexctl.testing.vm import VMError, run_in_guest
+        from pipexctl.testing.vm import VMError, flavour, run_in_guest
 
-        self._say(f"\n[kernel tests] host kernel cannot run them ({self.why}); booting the Debian-kernel guest "
+        self._say(f"\n[kernel tests] host kernel cannot run them ({self.why}); booting the {self.flavour} guest "
                   f"({self.init} as PID 1) once for {len(self.nodeids)} tests ...")
-        args = ROOT / f".pytest-guest-args-{self.init}"
+        args = ROOT / f".pytest-guest-args-{self.flavour}-{self.init}"
         start = time.monotonic()
         try:
             with open(args, "w") as f:
                 f.write("\n".join(self.nodeids) + "\n")
             verbose = ["-v"] if self.config.option.verbose > 0 else ["-q"]
             budget = int(float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "3600"))) - 60
-            cmd = ["timeout", "-k", "10", str(budget), sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "kernel",
+            cmd = ["timeout", "-k", "10", str(budget), flavour(self.flavour).python, "-m", "pytest", "-p", "no:cacheprovider", "-m", "kernel",
                    "--rootdir", str(ROOT), *verbose, f"@{args}"]
             import contextlib
 
@@ -92,6 +104,7 @@ class GuestRun:
                     echo=echo,
                     timeout=float(os.environ.get("PIPEXCTL_VM_TIMEOUT", "3600")),
                     init=self.init,
+                    flavour_name=self.flavour,
                 )
         except VMError as e:
             self.error = f"kernel tests cannot run: the host lacks L2TP ({self.why}) and the guest failed: {e}"
@@ -108,7 +121,7 @@ class GuestRun:
                 # keep the worst phase: a failed setup/teardown fails the test
                 if prev is None or rec["outcome"] != "passed" and prev["outcome"] == "passed":
                     self.results[rec["nodeid"]] = rec
-        self._say(f"[kernel tests] guest ({self.init}) finished in {time.monotonic() - start:.0f} s "
+        self._say(f"[kernel tests] {self.flavour} guest ({self.init}) finished in {time.monotonic() - start:.0f} s "
                   f"(guest pytest exit status {r.returncode}, {len(self.results)} results)")
         slow = sorted(self.results.values(), key=lambda rec: -rec.get("duration", 0))
         self._say("[kernel tests] slowest in the guest (call phase): " + ", ".join(
@@ -162,11 +175,12 @@ def pytest_collection_modifyitems(session, config, items):
         return
     # one boot per flavour: the shell guest for most, systemd as PID 1 for the tests that need Debian's boot
     guests = {}
-    for init in dict.fromkeys(guest_init(i) for i in kernel):
-        guests[init] = GuestRun(config, [i.nodeid for i in kernel if guest_init(i) == init], why, init)
+    for key in dict.fromkeys((guest_flavour(i), guest_init(i)) for i in kernel):
+        guests[key] = GuestRun(config, [i.nodeid for i in kernel if (guest_flavour(i), guest_init(i)) == key], why,
+                               init=key[1], flavour=key[0])
     for idx, item in enumerate(items):
         if item.get_closest_marker("kernel"):
-            guest = guests[guest_init(item)]
+            guest = guests[(guest_flavour(item), guest_init(item))]
             new = GuestItem.from_parent(item.parent, name=item.name, guest=guest, target_nodeid=item.nodeid)
             new.add_marker(pytest.mark.kernel)
             items[idx] = new

@@ -398,8 +398,10 @@ def _xl2tpd_pid(inst: Instance) -> int:
 
 
 def plugin_path() -> str:
-    """The pppd plugin built in the checkout (plugins/pipexctl.so)."""
-    return str(Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.so")
+    """The pppd plugin built in the checkout (plugins/pipexctl.so), or the
+    guest's own build for its pppd (PIPEXCTL_PLUGIN: the Debian 13 guest's
+    pppd 2.5.2 loads no plugin built for 2.4.9)."""
+    return os.environ.get("PIPEXCTL_PLUGIN") or str(Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.so")
 
 
 def plugin_options(required: bool = True) -> str:

@@ -54,10 +54,12 @@ mount -t devtmpfs devtmpfs /dev
 for m in $(cat /modules.order); do insmod "/modules/$m" || echo "pipexctl-vm: insmod $m failed"; done
 results=""
 init=shell
+share=""
 for arg in $(cat /proc/cmdline); do
   case "$arg" in
     pipexctl.results=*) results="${arg#pipexctl.results=}";;
     pipexctl.init=*) init="${arg#pipexctl.init=}";;
+    pipexctl.share=*) share="${arg#pipexctl.share=}";;
   esac
 done
 fail() { echo "pipexctl-vm: $*"; echo "@@PIPEXCTL-VM-EXIT 125@@"; poweroff -f; }
@@ -72,6 +74,11 @@ mount -t tmpfs tmpfs /root/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /root/run
 mkdir -p "/root$results"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 results "/root$results" || fail "cannot mount the results share"
+if [ -n "$share" ]; then
+  # a root of its own (debian13): the checkout comes in read-only at its own path
+  mkdir -p "/root$share"
+  mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288,cache=loose project "/root$share" || fail "cannot mount the checkout"
+fi
 # switch_root, not chroot: the kernel's module loader (request_module) runs
 # /sbin/modprobe in PID 1's root, which must be the host's root.
 if [ "$init" = systemd ]; then
@@ -136,6 +143,39 @@ SYSTEMD_MASKED = (
 INITS = ("shell", "systemd")
 
 
+@dataclass(frozen=True)
+class Flavour:
+    """A guest's root filesystem and the Python that runs tests in it."""
+
+    name: str
+    root: Path  # shared read-only over 9p as the guest's lower layer
+    python: str  # the interpreter of the test command inside
+    env: tuple[tuple[str, str], ...] = ()
+
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+def flavour(name: str) -> Flavour:
+    """debian12: the host's own root (Debian 12, kernel 6.1, pppd 2.4.9).
+    debian13: the trixie root `make setup` builds (kernel 6.12, pppd 2.5.2,
+    Python 3.13, scripts/debian13_root.sh); the checkout is shared into it
+    read-only at its own path."""
+    if name == "debian12":
+        return Flavour("debian12", Path("/"), sys.executable)
+    if name == "debian13":
+        root = PROJECT / ".cache" / "debian13-root"
+        if not (root / "opt/pipexctl-venv/bin/python").exists():
+            raise VMError(f"{root} is missing or incomplete: run `make setup` (scripts/debian13_root.sh builds it)")
+        v = next((p.name for p in sorted((root / "usr/lib/pppd").glob("2.*"))), "")
+        return Flavour("debian13", root, "/opt/pipexctl-venv/bin/python",
+                       (("PYTHONPATH", str(PROJECT)), ("PIPEXCTL_PLUGIN", f"/usr/lib/pppd/{v}/pipexctl.so")))
+    raise VMError(f"unknown guest flavour {name!r} (debian12, debian13)")
+
+
+FLAVOURS = ("debian12", "debian13")
+
+
 class VMError(RuntimeError):
     """The guest could not be booted; the message says why."""
 
@@ -150,17 +190,17 @@ class GuestResult:
     files: dict = field(default_factory=dict)
 
 
-def find_kernel() -> tuple[Path, str]:
-    """The newest installed kernel image that has L2TP modules."""
+def find_kernel(root: Path = Path("/")) -> tuple[Path, str]:
+    """The newest kernel image under ``root`` that has L2TP modules."""
     candidates = []
-    for image in Path("/boot").glob("vmlinuz-*"):
+    for image in (root / "boot").glob("vmlinuz-*"):
         version = image.name[len("vmlinuz-"):]
-        moddir = Path("/lib/modules") / version
+        moddir = root / "lib/modules" / version
         if (moddir / "kernel/net/l2tp").is_dir() and (moddir / "modules.dep").is_file():
             candidates.append((image.stat().st_mtime, image, version))
     if not candidates:
         raise VMError(
-            "no kernel with L2TP modules found in /boot and /lib/modules: "
+            f"no kernel with L2TP modules found in {root}/boot and {root}/lib/modules: "
             "run `make setup` (it installs Debian's linux-image-amd64)"
         )
     candidates.sort()
@@ -170,9 +210,9 @@ def find_kernel() -> tuple[Path, str]:
     return image, version
 
 
-def _module_closure(version: str, names: tuple[str, ...]) -> list[Path]:
+def _module_closure(version: str, names: tuple[str, ...], root: Path = Path("/")) -> list[Path]:
     """Module files for ``names`` and their dependencies, dependencies first."""
-    moddir = Path("/lib/modules") / version
+    moddir = root / "lib/modules" / version
     deps: dict[str, list[str]] = {}
     by_name: dict[str, str] = {}
     for line in (moddir / "modules.dep").read_text().splitlines():
@@ -182,6 +222,11 @@ def _module_closure(version: str, names: tuple[str, ...]) -> list[Path]:
         base = re.sub(r"\.ko(\.(xz|zst|gz))?$", "", base)
         by_name[base] = path
         by_name[base.replace("-", "_")] = path
+    builtin = set()
+    if (moddir / "modules.builtin").is_file():
+        for line in (moddir / "modules.builtin").read_text().splitlines():
+            base = re.sub(r"\.ko$", "", os.path.basename(line))
+            builtin |= {base, base.replace("-", "_")}
     order: list[str] = []
 
     def visit(path: str) -> None:
@@ -193,6 +238,8 @@ def _module_closure(version: str, names: tuple[str, ...]) -> list[Path]:
 
     for name in names:
         path = by_name.get(name) or by_name.get(name.replace("-", "_"))
+        if path is None and (name in builtin or name.replace("-", "_") in builtin):
+            continue  # built into this kernel (Debian 13: virtio_pci)
         if path is None:
             if name == "virtio-rng":
                 continue  # optional: only speeds up the entropy pool
@@ -200,9 +247,18 @@ def _module_closure(version: str, names: tuple[str, ...]) -> list[Path]:
         visit(path)
     files = [moddir / p for p in order]
     for f in files:
-        if not f.name.endswith(".ko"):
-            raise VMError(f"{f}: compressed modules are not supported by the initramfs builder")
+        if not f.name.endswith((".ko", ".ko.xz")):
+            raise VMError(f"{f}: only plain and xz-compressed modules are supported by the initramfs builder")
     return files
+
+
+def _module_bytes(path: Path) -> tuple[str, bytes]:
+    """A module's name and contents for insmod (Debian 13 compresses modules with xz)."""
+    if path.name.endswith(".xz"):
+        import lzma
+
+        return path.name[:-3], lzma.decompress(path.read_bytes())
+    return path.name, path.read_bytes()
 
 
 def _cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
@@ -224,19 +280,19 @@ def _cpio_newc(entries: list[tuple[str, int, bytes]]) -> bytes:
     return out.getvalue()
 
 
-def build_initramfs(version: str, dest: Path) -> Path:
+def build_initramfs(version: str, dest: Path, root: Path = Path("/")) -> Path:
     busybox = Path("/bin/busybox")
     if not busybox.exists():
         raise VMError("/bin/busybox missing: run `make setup` (it installs busybox-static)")
-    mods = _module_closure(version, INITRAMFS_MODULES)
+    mods = [_module_bytes(m) for m in _module_closure(version, INITRAMFS_MODULES, root)]
     d = stat.S_IFDIR | 0o755
     f = stat.S_IFREG | 0o755
     entries = [("bin", d, b""), ("modules", d, b""), ("proc", d, b""), ("sys", d, b""), ("dev", d, b"")]
     entries.append(("bin/busybox", f, busybox.read_bytes()))
     entries.append(("init", f, INIT_SCRIPT.encode()))
-    entries.append(("modules.order", stat.S_IFREG | 0o644, "\n".join(m.name for m in mods).encode() + b"\n"))
-    for m in mods:
-        entries.append((f"modules/{m.name}", stat.S_IFREG | 0o644, m.read_bytes()))
+    entries.append(("modules.order", stat.S_IFREG | 0o644, "\n".join(name for name, _ in mods).encode() + b"\n"))
+    for name, data in mods:
+        entries.append((f"modules/{name}", stat.S_IFREG | 0o644, data))
     dest.write_bytes(gzip.compress(_cpio_newc(entries), compresslevel=1))
     return dest
 
@@ -261,6 +317,7 @@ def run_in_guest(
     progress: bool = False,
     files: dict[str, str] | None = None,
     init: str = "shell",
+    flavour_name: str = "debian12",
 ) -> GuestResult:
     """Boot the guest, run ``command`` as root in ``cwd`` and power off.
 
@@ -277,14 +334,18 @@ def run_in_guest(
         raise VMError(f"unknown guest init {init!r} (one of {', '.join(INITS)})")
     if os.geteuid() != 0:
         raise VMError("the test VM must be started as root (it shares / over 9p with passthrough)")
-    image, version = find_kernel()
+    fl = flavour(flavour_name)
+    if init == "systemd" and fl.name != "debian12":
+        raise VMError("the systemd guest runs on the debian12 flavour only (the debian13 root has no systemd)")
+    image, version = find_kernel(fl.root)
     qemu = qemu_binary()
     results = Path(tempfile.mkdtemp(prefix="pipexctl-vm-"))
     os.chmod(results, 0o755)
-    initrd = build_initramfs(version, results / "initramfs.gz")
+    initrd = build_initramfs(version, results / "initramfs.gz", fl.root)
     cmd = command if isinstance(command, str) else shlex.join(command)
-    script = [GUEST_PRELUDE, f"export PIPEXCTL_RESULTS={shlex.quote(str(results))}"]
-    for k, v in (env or {}).items():
+    script = [GUEST_PRELUDE, f"export PIPEXCTL_RESULTS={shlex.quote(str(results))}",
+              f"export PIPEXCTL_GUEST_FLAVOUR={fl.name}"]
+    for k, v in [*fl.env, *(env or {}).items()]:
         script.append(f"export {k}={shlex.quote(v)}")
     where = shlex.quote(cwd or os.getcwd())
     # PID 1 must never exit before the poweroff below (the kernel would panic)
@@ -314,9 +375,12 @@ def run_in_guest(
         "-kernel", str(image),
         "-initrd", str(initrd),
         "-append", f"console=ttyS0 quiet loglevel=3 panic=-1 random.trust_cpu=on pipexctl.results={results} pipexctl.init={init}"
+        + (f" pipexctl.share={PROJECT}" if fl.root != Path("/") else "")
         + (" systemd.unit=pipexctl-guest.service systemd.show_status=false" if init == "systemd" else ""),
-        "-virtfs", "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
+        "-virtfs", f"local,path={fl.root},mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap",
         "-virtfs", f"local,path={results},mount_tag=results,security_model=passthrough,multidevs=remap",
+        *(["-virtfs", f"local,path={PROJECT},mount_tag=project,security_model=passthrough,readonly=on,multidevs=remap"]
+          if fl.root != Path("/") else []),
         "-device", "virtio-rng-pci",
         "-nic", "none",
     ]
@@ -405,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", type=int, default=2048, help="guest memory in MiB")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1500.0)
+    p.add_argument("--flavour", choices=FLAVOURS, default="debian12",
+                   help="debian13: boot the trixie root `make setup` builds (kernel 6.12, pppd 2.5.2)")
     p.add_argument("--init", choices=INITS, default="shell",
                    help="systemd: boot systemd as PID 1 to multi-user.target, then run the command as a unit")
     p.add_argument("--keep-results", metavar="DIR", help="copy the guest's $PIPEXCTL_RESULTS here afterwards")
@@ -415,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("no command given")
     try:
         r = run_in_guest(cmd, cwd=a.cwd, memory_mb=a.memory, cpus=a.cpus, timeout=a.timeout, progress=True,
-                         init=a.init)
+                         init=a.init, flavour_name=a.flavour)
     except VMError as e:
         print(f"pipexctl-vm: {e}", file=sys.stderr)
         return BOOT_FAILED

@@ -17,7 +17,7 @@ import pytest
 
 from .conftest import ip_l2tp
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.debian12]  # the role builds the plugin with gcc and ppp-dev on bookworm
 
 ROOT = Path(__file__).resolve().parents[2]
 

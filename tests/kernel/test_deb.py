@@ -17,7 +17,7 @@ from pipexctl.testing.lab import Lab
 from .conftest import ip_l2tp, wait_until
 from .test_offload import ping, ppp_up
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.debian12]  # the bookworm .deb: Depends: ppp (= 2.4.9...)
 
 ROOT = Path(__file__).resolve().parents[2]
 

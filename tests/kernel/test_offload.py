@@ -20,14 +20,14 @@ import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.offload.client import ask
-from pipexctl.testing.lab import Lab, iperf_received
+from pipexctl.testing.lab import Lab, iperf_received, plugin_path
 from pipexctl.testing.probe import ip_json, ppp_peer_addrs
 
 from .conftest import ip_l2tp, wait_until
 
 pytestmark = pytest.mark.kernel
 
-PLUGIN = str(Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.so")
+PLUGIN = plugin_path()
 WITH_PLUGIN = f"plugin {PLUGIN}\npipexctl_socket {{sock}}\npipexctl_required\n"
 
 

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.cache/debian13-root
-pkgs=linux-image-amd64,tiny-initramfs,kmod,ppp,xl2tpd,iproute2,iputils-ping,nftables,iperf3,ethtool,procps,psmisc,python3,python3-venv,ca-certificates,tcpdump
+pkgs=linux-image-amd64,tiny-initramfs,kmod,busybox,ppp,xl2tpd,iproute2,iputils-ping,nftables,iperf3,ethtool,procps,psmisc,curl,tcpdump,gcc,libc6-dev,python3,python3-venv,ca-certificates
 want=$(printf '%s\n%s\n' "$pkgs" "$(sha256sum pyproject.toml | cut -d' ' -f1)" | sha256sum | cut -c1-16)
 if [ "$(cat "$root/.pipexctl-stamp" 2>/dev/null)" != "$want" ]; then
   uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)

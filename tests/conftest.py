@@ -46,14 +46,15 @@ def guest_init(item) -> str:
     return m.args[0] if m else "shell"
 
 
-def guest_flavour(item) -> str:
-    """Which Debian the guest runs: ``PIPEXCTL_DEBIAN=13`` (`make test
-    DEBIAN=13`) moves the kernel tests to the Debian 13 guest, except those
+def guest_flavours(item) -> list[str]:
+    """Which Debians a kernel test runs on: each of ``PIPEXCTL_DEBIAN``
+    (default "12,13": both; `make test DEBIAN=13` for one), except tests
     pinned to Debian 12 (marker ``debian12``: the bookworm .deb, the Ansible
-    role's build on bookworm, systemd as PID 1)."""
+    role's build on bookworm; and systemd as PID 1), which run there only."""
     if item.get_closest_marker("debian12") or guest_init(item) == "systemd":
-        return "debian12"
-    return "debian13" if os.environ.get("PIPEXCTL_DEBIAN", "12") == "13" else "debian12"
+        return ["debian12"]
+    want = [v.strip() for v in os.environ.get("PIPEXCTL_DEBIAN", "12,13").replace(" ", ",").split(",") if v.strip()]
+    return [f"debian{v}" for v in want]
 
 
 class GuestRun:
@@ -173,17 +174,24 @@ def pytest_collection_modifyitems(session, config, items):
     why = _host_kernel_reason()
     if why is None:  # run here; a test that needs systemd as PID 1 checks that itself and fails if not
         return
-    # one boot per flavour: the shell guest for most, systemd as PID 1 for the tests that need Debian's boot
+    # one boot per (Debian, init): the shell guest on each Debian for most, systemd as PID 1 for the tests
+    # that need Debian's boot; a test run on two Debians is two items ("name@debian13")
+    keys = {i.nodeid: [(f, guest_init(i)) for f in guest_flavours(i)] for i in kernel}
     guests = {}
-    for key in dict.fromkeys((guest_flavour(i), guest_init(i)) for i in kernel):
-        guests[key] = GuestRun(config, [i.nodeid for i in kernel if (guest_flavour(i), guest_init(i)) == key], why,
+    for key in dict.fromkeys(k for ks in keys.values() for k in ks):
+        guests[key] = GuestRun(config, [i.nodeid for i in kernel if key in keys[i.nodeid]], why,
                                init=key[1], flavour=key[0])
-    for idx, item in enumerate(items):
-        if item.get_closest_marker("kernel"):
-            guest = guests[(guest_flavour(item), guest_init(item))]
-            new = GuestItem.from_parent(item.parent, name=item.name, guest=guest, target_nodeid=item.nodeid)
+    out = []
+    for item in items:
+        if not item.get_closest_marker("kernel"):
+            out.append(item)
+            continue
+        for key in keys[item.nodeid]:
+            name = item.name if key[0] == "debian12" else f"{item.name}@{key[0]}"
+            new = GuestItem.from_parent(item.parent, name=name, guest=guests[key], target_nodeid=item.nodeid)
             new.add_marker(pytest.mark.kernel)
-            items[idx] = new
+            out.append(new)
+    items[:] = out
 
 
 def pytest_runtest_logreport(report):

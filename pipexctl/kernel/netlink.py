@@ -344,6 +344,17 @@ class L2tpNetlink:
 
     # sessions
     def session_create(self, spec: SessionSpec) -> None:
+        if spec.version == 3:
+            # Linux 6.11+ files a second L2TPv3 session with an id the tunnel
+            # already has on the namespace's collision list and answers success
+            # (6.12.117: the new one takes the id over); 6.1 refuses it with
+            # EEXIST.  Refused here on every kernel, as before.
+            try:
+                self.session_get(spec.tunnel_id, spec.session_id)
+            except errors.NotFoundError:
+                pass
+            else:
+                raise errors.from_errno(errno.EEXIST, spec.describe(), "create")
         try:
             self._request(build_session_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
         except errors.AlreadyExistsError:

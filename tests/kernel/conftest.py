@@ -8,7 +8,9 @@ show`, `ip -s link`), never only with pipexctl itself.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +130,21 @@ class Watcher:
         self._stop.set()
         self._t.join(10)
         self.d.close()
+
+
+@pytest.fixture
+def packaged(tmp_path):
+    """The .deb `make deb` built, and where pppd loads the plugin from; the
+    set-up's own copy of the plugin there (no package owns it) is put back
+    after the test, whatever it installed or purged."""
+    debs = sorted((Path(__file__).resolve().parents[2] / "dist").glob("pipexctl_*_amd64.deb"))
+    assert debs, "dist/pipexctl_*_amd64.deb is missing: `make deb` (make test builds it before the guest boots)"
+    r = subprocess.run(["pppd", "--version"], capture_output=True, text=True)
+    plugin = Path(f"/usr/lib/pppd/{(r.stdout + r.stderr).split()[2]}/pipexctl.so")
+    saved = tmp_path / "pipexctl.so.setup"
+    had = plugin.exists()
+    if had:
+        shutil.copy2(plugin, saved)
+    yield debs[-1], plugin
+    if had:
+        shutil.copy2(saved, plugin)

@@ -6,7 +6,6 @@ package before the guest boots."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from .test_offload import ping, ppp_up
 
 pytestmark = [pytest.mark.kernel, pytest.mark.debian12]  # the bookworm .deb: Depends: ppp (= 2.4.9...)
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def sh(*c, check=True):
@@ -29,18 +27,11 @@ def sh(*c, check=True):
     return r.stdout + r.stderr
 
 
-def test_the_deb_installs_offloads_a_call_with_its_own_files_and_purges_clean(tmp_path):
-    debs = sorted(ROOT.glob("dist/pipexctl_*_amd64.deb"))
-    assert debs, "dist/pipexctl_*_amd64.deb is missing: `make deb` (make test builds it before the guest boots)"
-    pppd = sh("pppd", "--version").split()[2]
-    plugin = Path(f"/usr/lib/pppd/{pppd}/pipexctl.so")
-    saved = None
-    if plugin.exists():  # the set-up's own copy (no package owns it): put back afterwards
-        saved = tmp_path / "pipexctl.so.setup"
-        shutil.copy2(plugin, saved)
+def test_the_deb_installs_offloads_a_call_with_its_own_files_and_purges_clean(packaged):
+    deb, plugin = packaged
     lab = None
     try:
-        sh("dpkg", "-i", str(debs[-1]))
+        sh("dpkg", "-i", str(deb))
         assert "Status: install ok installed" in sh("dpkg", "-s", "pipexctl")
         files = [f for f in sh("dpkg", "-L", "pipexctl").splitlines() if os.path.isfile(f)]
         assert str(plugin) in files and "/usr/bin/pipexctl" in files
@@ -79,5 +70,3 @@ def test_the_deb_installs_offloads_a_call_with_its_own_files_and_purges_clean(tm
         if lab is not None:
             lab.teardown()
         sh("dpkg", "--purge", "pipexctl", check=False)
-        if saved is not None:
-            shutil.copy2(saved, plugin)

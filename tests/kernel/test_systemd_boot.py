@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -32,7 +31,6 @@ from .conftest import wait_until
 
 pytestmark = [pytest.mark.kernel, pytest.mark.guest_init("systemd")]
 
-ROOT = Path(__file__).resolve().parents[2]
 LAC_NS = "sdlac"
 
 
@@ -80,19 +78,12 @@ def state() -> str:
         sh("ip", "l2tp", "show", "session", check=False)])
 
 
-def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_restart(tmp_path):
+def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_restart(packaged):
     assert os.readlink("/proc/1/exe").endswith("/systemd"), "this test needs systemd as PID 1 (guest_init systemd)"
     assert not Path("/etc/rsyslog.conf").exists() and not Path("/var/log/syslog").exists(), \
         "journald must be the only log here (Debian's default install)"
     assert sh("systemctl", "is-active", "systemd-journald", "xl2tpd").split() == ["active", "active"], state()
-    debs = sorted(ROOT.glob("dist/pipexctl_*_amd64.deb"))
-    assert debs, "dist/pipexctl_*_amd64.deb is missing: `make deb` (make test builds it before the guest boots)"
-    pppd = sh("pppd", "--version").split()[2]
-    plugin = Path(f"/usr/lib/pppd/{pppd}/pipexctl.so")
-    saved = None
-    if plugin.exists():  # the set-up's own copy (no package owns it): put back afterwards
-        saved = tmp_path / "pipexctl.so.setup"
-        shutil.copy2(plugin, saved)
+    deb, _ = packaged
     lac = None
     conf = Path("/etc/xl2tpd/xl2tpd.conf")
     conf_saved = conf.read_text()
@@ -105,7 +96,7 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         sh("systemctl", "restart", "xl2tpd")
 
         # the quick start, as written: apt install the .deb, check, enable, offload enable
-        sh("apt-get", "install", "-y", str(debs[-1]), timeout=600)  # a local file: nothing to download
+        sh("apt-get", "install", "-y", str(deb), timeout=600)  # a local file: nothing to download
         sh("pipexctl", "check")
         sh("systemctl", "enable", "--now", "pipexctl.socket", "pipexctl.service")
         out = sh("pipexctl", "offload", "enable")
@@ -232,5 +223,3 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         subprocess.run(["apt-get", "purge", "-y", "pipexctl"], capture_output=True)
         conf.write_text(conf_saved)
         subprocess.run(["systemctl", "restart", "xl2tpd"], capture_output=True)
-        if saved is not None:
-            shutil.copy2(saved, plugin)

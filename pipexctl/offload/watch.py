@@ -38,9 +38,8 @@ def _argv_disagrees(pid: int, call: CallInfo) -> str:
 
 class FdEvent(threading.Event):
     """An Event that a thread blocked in select() sees: set() also makes a
-    pipe readable.  The daemon's threads block on their sockets instead of
-    waking every fraction of a second to look at flags; on the guest's two
-    vCPUs those wake-ups took throughput from the data path."""
+    pipe readable, so the daemon's threads block instead of waking to look
+    at flags (wake-ups take CPU from the data path)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,7 +82,7 @@ class CallWatch:
     # log_interval.  An exit wakes the watcher at once.
     IDLE_INTERVAL = 1.0
     ACTIVE_FOR = 5.0
-    # /proc and kernel scans cost ~55 ms under TCG: every reconcile_interval
+    # /proc and kernel scans are the costly part: every reconcile_interval
     # while calls come and go, every IDLE_RECONCILE when nothing happens
     # (ends are confirmed by exits, not by the scans)
     IDLE_RECONCILE = 30.0

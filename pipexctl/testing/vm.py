@@ -119,10 +119,8 @@ export PIPEXCTL_IN_GUEST=1
 export HOME=/root
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:${PATH_EXTRA:-}
 mkdir -p /run/netns /run/xl2tpd /var/run
-if [ -d /run/systemd/system ]; then
-  # systemd made /dev, the mounts and lo; nothing below is needed
-  :
-else
+# under systemd (the systemd guest) /dev, the mounts and lo are made already
+if [ ! -d /run/systemd/system ]; then
 ip link set lo up
 [ -L /dev/ptmx ] || { rm -f /dev/ptmx; ln -s pts/ptmx /dev/ptmx; }
 [ -e /dev/fd ] || ln -s /proc/self/fd /dev/fd

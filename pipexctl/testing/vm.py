@@ -428,9 +428,10 @@ def run_in_guest(
     elif marker_status:
         rc = marker_status[-1]
     else:
+        (results / "console.log").write_text("".join(console))  # a kernel oops starts above the tail
         raise VMError(
-            f"guest exited (qemu status {proc.returncode}) without reporting a status; console tail:\n"
-            + "".join(console[-40:])
+            f"guest exited (qemu status {proc.returncode}) without reporting a status (whole console: "
+            f"{results}/console.log); console tail:\n" + "".join(console[-40:])
         )
     result = GuestResult(rc, results, "".join(console), boot_done[0] if boot_done else total, total)
     if not keep_results:

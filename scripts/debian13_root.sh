@@ -12,14 +12,10 @@ root=.cache/debian13-root
 pkgs=linux-image-amd64,tiny-initramfs,kmod,busybox,ppp,xl2tpd,iproute2,iputils-ping,nftables,iperf3,ethtool,procps,psmisc,curl,tcpdump,gcc,libc6-dev,python3,python3-venv,ca-certificates
 want=$(printf '%s\n%s\n' "$pkgs" "$(sha256sum pyproject.toml | cut -d' ' -f1)" | sha256sum | cut -c1-16)
 if [ "$(cat "$root/.pipexctl-stamp" 2>/dev/null)" != "$want" ]; then
-  uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-  [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $0 ~ /debian/ {for (i = 2; i <= NF; i++) if ($i ~ /^(https?|file):/) {print $i; exit}}' \
-    /etc/apt/sources.list 2>/dev/null || true)
-  [ -n "$uri" ] || { echo "debian13_root: no Debian archive in this machine's apt sources" >&2; exit 1; }
+  src=$(bash scripts/trixie_source.sh)
   rm -rf "$root.new"
   echo "setup: building the Debian 13 guest root (mmdebstrap trixie) ..."
-  mmdebstrap --quiet --mode=root --variant=minbase --components=main --include="$pkgs" trixie "$root.new" \
-    "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri trixie main"
+  mmdebstrap --quiet --mode=root --variant=minbase --components=main --include="$pkgs" trixie "$root.new" "$src"
   deps=$(.venv/bin/python -c '
 import tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]

@@ -8,14 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.cache/trixie-ppp
 [ -f "$out/dev/usr/include/pppd/pppd.h" ] && [ -x "$out/ppp/usr/sbin/pppd" ] && exit 0
-uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
-[ -n "$uri" ] || uri=$(awk '$1 == "deb" && $0 ~ /debian/ {for (i = 2; i <= NF; i++) if ($i ~ /^(https?|file):/) {print $i; exit}}' \
-  /etc/apt/sources.list 2>/dev/null || true)
-[ -n "$uri" ] || { echo "fetch_trixie_ppp: no Debian archive in this machine's apt sources" >&2; exit 1; }
+src=$(bash scripts/trixie_source.sh)
 apt=$PWD/.cache/trixie-apt
 rm -rf "$apt" "$out"
 mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$out"
-echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri trixie main" > "$apt/sources.list"
+echo "$src" > "$apt/sources.list"
 o=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$apt/lists"
    -o "Dir::Cache=$apt/cache" -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
 apt-get "${o[@]}" update -q >/dev/null

@@ -220,15 +220,28 @@ def extra_sockets(ns: str, socks: list, want: int, local: str) -> None:
 def scale(case: str, kind: str, sizes: list[int], runs: int, seconds: int) -> dict:
     """One call's forward throughput (median of ``runs``) with N others of
     ``kind`` ("sessions" in its tunnel, "tunnels" sockets) beside it.  The
-    serve daemons are stopped (SIGSTOP) while measuring: their periodic
-    kernel dumps of N sessions would take the CPU the data path needs."""
+    serve daemons run as they would in production (their scans of N
+    sessions included) and their CPU time per N is recorded: stopping them,
+    as earlier runs did, left xl2tpd's HELLOs unanswered for minutes."""
     with rcu_expedited():  # the lab's teardown deletes the N sessions too
         return _scale(case, kind, sizes, runs, seconds)
 
 
+def serve_cpu(lab: Lab) -> float:
+    """CPU seconds the lab's serve daemons have used so far."""
+    tck = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in lab.serves:
+        try:
+            f = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(f[11]) + int(f[12])) / tck
+    return total
+
+
 def _scale(case: str, kind: str, sizes: list[int], runs: int, seconds: int) -> dict:
     import resource
-    import signal
 
     try:
         lab, lac, addr = bring_up(case)
@@ -247,8 +260,6 @@ def _scale(case: str, kind: str, sizes: list[int], runs: int, seconds: int) -> d
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4 * max(sizes) + 1024), max(hard, 4 * max(sizes) + 1024)))
         sh("ip", "-n", lab.lns.ns, "route", "add", "10.200.0.0/16", "dev", "l1")
         have = 0
-        for p in lab.serves:
-            os.killpg(p.pid, signal.SIGSTOP)
         with iperf_server(lab.lns.ns, addr):
             for n in sizes:
                 t0 = time.monotonic()
@@ -258,19 +269,16 @@ def _scale(case: str, kind: str, sizes: list[int], runs: int, seconds: int) -> d
                 else:
                     extra_sockets(lab.lns.ns, socks, n, "10.99.1.1")
                 built = time.monotonic() - t0
+                cpu0 = serve_cpu(lab)
                 runs_ = [iperf_client(lac.ns, addr, seconds)["bits_per_second"] / 1e6 for _ in range(runs)]
-                out[str(n)] = {"forward": runs_, "median": statistics.median(runs_), "build_seconds": built}
+                out[str(n)] = {"forward": runs_, "median": statistics.median(runs_), "build_seconds": built,
+                               "serve_cpu_seconds": serve_cpu(lab) - cpu0}
                 print(f"  scale {case} {kind} N={n}: {statistics.median(runs_):.1f} Mbit/s", flush=True)
         return out
     except RuntimeError as e:
         out["error"] = str(e)
         return out
     finally:
-        for p in lab.serves:
-            try:
-                os.killpg(p.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         for s in socks:
             s.close()
         finish(lab)
@@ -284,11 +292,14 @@ def main() -> int:
                    "d-pipexctl-stock,b-xl2tpd-pty-esp,c-xl2tpd-kernel-esp,d-pipexctl-esp")
     p.add_argument("--scale", default="0,100,1000,10000", help="N for the scale rows ('' to skip them)")
     p.add_argument("--scale-seconds", type=int, default=5)
+    p.add_argument("--scale-kinds", default="sessions,tunnels")
+    p.add_argument("--scale-passes", type=int, choices=(1, 2), default=2,
+                   help="2: (c), (d), (d), (c) for each kind; 1: (c), (d)")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "dataplane.json"))
     a = p.parse_args()
     results = {"kernel": os.uname().release, "cpus": os.cpu_count(), "seconds": a.seconds, "cases": {},
                "scale": {}}
-    for case in a.cases.split(","):
+    for case in filter(None, a.cases.split(",")):
         results["cases"][case] = r = run_case(case, a.runs, a.seconds)
         if "forward" in r:
             print(f"{case:18} fwd min/med/max {min(r['forward']):7.1f} {statistics.median(r['forward']):7.1f} "
@@ -296,11 +307,37 @@ def main() -> int:
         else:
             print(case, r, flush=True)
     sizes = [int(x) for x in a.scale.split(",") if x]
-    for case in ("c-xl2tpd-kernel", "d-pipexctl") if sizes else ():
-        for kind in ("sessions", "tunnels"):
-            results["scale"][f"{case}/{kind}"] = scale(case, kind, sizes, a.runs, a.scale_seconds)
+    for kind in filter(None, a.scale_kinds.split(",")) if sizes else ():
+        # c, d, d, c: a drift of the host's speed over the minutes between
+        # passes cancels out of d/c instead of landing on one side of it
+        passes = {case: [] for case in ("c-xl2tpd-kernel", "d-pipexctl")}
+        for case in ("c-xl2tpd-kernel", "d-pipexctl", "d-pipexctl", "c-xl2tpd-kernel")[:2 * a.scale_passes]:
+            passes[case].append(scale(case, kind, sizes, a.runs, a.scale_seconds))
+        for case, got in passes.items():
+            results["scale"][f"{case}/{kind}"] = merge_passes(got)
     Path(a.out).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def merge_passes(got: list[dict]) -> dict:
+    """One row per N from a case's passes: every run's figure, their median,
+    and each pass's own median (how far the two passes lay apart)."""
+    out: dict = {}
+    for g in got:
+        if g.get("error"):
+            out["error"] = g["error"]
+        for n, r in g.items():
+            if n == "error":
+                continue
+            m = out.setdefault(n, {"forward": [], "passes": [], "build_seconds": [], "serve_cpu_seconds": []})
+            m["forward"] += r["forward"]
+            m["passes"].append(r["median"])
+            m["build_seconds"].append(r["build_seconds"])
+            m["serve_cpu_seconds"].append(r["serve_cpu_seconds"])
+    for n, m in out.items():
+        if n != "error":
+            m["median"] = statistics.median(m["forward"])
+    return out
 
 
 if __name__ == "__main__":

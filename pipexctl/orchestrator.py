@@ -181,7 +181,7 @@ class Orchestrator:
         Returns whether the tunnel was deleted.
         """
         self.backend.session_delete(tunnel_id, session_id)
-        if tunnel_too and not any(s.tunnel_id == tunnel_id for s in self.backend.session_dump()):
+        if tunnel_too and not any(t == tunnel_id for t, _ in self.backend.session_ids()):
             self.backend.tunnel_delete(tunnel_id)
             return True
         return False

@@ -312,7 +312,7 @@ class Discovery:
                 from ..kernel.backend import NetlinkBackend
 
                 self._backend = NetlinkBackend(netns=self.netns)
-            sessions = {(s.tunnel_id, s.session_id) for s in self._backend.session_dump()}
+            sessions = self._backend.session_ids()
         except errors.PipexError as e:
             self.warnings.append(f"kernel: {e}")
             self.kernel = False

@@ -36,6 +36,7 @@ class KernelBackend(Protocol):
     def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None: ...
     def session_get(self, tunnel_id: int, session_id: int) -> Session: ...
     def session_dump(self) -> list[Session]: ...
+    def session_ids(self) -> set[tuple[int, int]]: ...
     def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel: ...
     def close(self) -> None: ...
 
@@ -49,28 +50,13 @@ class NetlinkBackend:
     """
 
     def __init__(self, netns: Optional[str] = None) -> None:
-        import concurrent.futures
-
         from .netlink import L2tpNetlink
 
         self.netns = netns
-        # One thread owns the netlink socket.  pyroute2 0.9 opens a further
-        # socket for each thread that uses the object, in that thread's
-        # namespace, closed only by close(): measured in the guest, every
-        # request thread of `pipexctl serve` left one netlink socket behind
-        # (one fd per offloaded call), and a thread outside ``netns`` would
-        # have talked to the wrong namespace.
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="netlink")
-
-        def make():
-            with self._in_ns():
-                return L2tpNetlink()
-
-        try:
-            self.nl = self._pool.submit(make).result()
-        except BaseException:
-            self._pool.shutdown(wait=False)
-            raise
+        # A netlink socket belongs to the namespace it was opened in; any
+        # thread may use it afterwards (L2tpNetlink serialises requests).
+        with self._in_ns():
+            self.nl: Optional[L2tpNetlink] = L2tpNetlink()
 
     def _in_ns(self):
         import contextlib
@@ -82,11 +68,10 @@ class NetlinkBackend:
         return _netns.enter(self.netns)
 
     def _call(self, name: str, *args, **kw):
-        # every netlink request runs on the socket's own thread
         nl = self.__dict__.get("nl")
         if nl is None:
             raise errors.KernelError(f"cannot {name.replace('_', ' ')}: the netlink backend is closed")
-        return self._pool.submit(getattr(nl, name), *args, **kw).result()
+        return getattr(nl, name)(*args, **kw)
 
     def tunnel_create(self, spec: TunnelSpec) -> None:
         self._call("tunnel_create", spec)
@@ -118,6 +103,9 @@ class NetlinkBackend:
     def session_dump(self) -> list[Session]:
         return self._call("session_dump")
 
+    def session_ids(self) -> set[tuple[int, int]]:
+        return self._call("session_ids")
+
     def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
         from .pppol2tp import PPPoL2TPSocket
 
@@ -140,9 +128,7 @@ class NetlinkBackend:
     def close(self) -> None:
         nl, self.nl = self.__dict__.get("nl"), None
         if nl is not None:
-            self._pool.submit(nl.close).result()
-        if "_pool" in self.__dict__:
-            self._pool.shutdown(wait=True)
+            nl.close()
 
 
 class _NullChannel:
@@ -242,6 +228,9 @@ class NullBackend:
 
     def session_dump(self) -> list[Session]:
         return list(self._sessions.values())
+
+    def session_ids(self) -> set[tuple[int, int]]:
+        return set(self._sessions)
 
     def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
         self._maybe_fail("ppp_connect", session.describe(), "connect a PPPoL2TP socket to")

@@ -6,12 +6,12 @@ Why not ``pyroute2.netlink.generic.l2tp.L2tp`` as it is (0.9.x)?  Its sync
 given and drops ``fd=0``; ``udp6_csum_rx``/``udp6_csum_tx`` set the swapped
 attributes; async ``create_session``/``modify_session`` return None; its
 stats map stops before ``L2TP_ATTR_RX_COOKIE_DISCARDS``/``L2TP_ATTR_RX_INVALID``.
-So this module keeps pyroute2 for what it does well -- the netlink socket,
-family resolution, NLA encoding and decoding, error decoding -- and defines its
-own message class (attribute types as in ``linux/l2tp.h``) and request
-builders.  ``tests/unit/test_netlink_golden.py`` pins the bytes of every
-request against an independent encoder; ``tests/kernel`` runs them against the
-real kernel.
+So this module keeps pyroute2 for what it does well -- NLA encoding and
+decoding, the generic-netlink controller's messages -- and defines its own
+message class (attribute types as in ``linux/l2tp.h``), request builders and
+send/receive loop.  ``tests/unit/test_netlink_golden.py`` pins the bytes of
+every request against an independent encoder; ``tests/kernel`` runs them
+against the real kernel.
 
 The builders are pure functions (spec in, message out); ``L2tpNetlink`` sends
 them and turns replies and errors into the model.
@@ -20,16 +20,71 @@ them and turns replies and errors into the model.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import ipaddress
+import socket
+import struct
+import sys
 import threading
 from typing import Iterable
 
-from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, genlmsg, nla
-from pyroute2.netlink.exceptions import NetlinkError
 
-from .. import errors
-from ..model import Encap, Endpoint, PwType, Session, SessionSpec, Stats, Tunnel, TunnelSpec
-from . import uapi
+def _pyroute2_without_its_init() -> None:
+    """Let ``pyroute2.netlink`` load without the package's ``__init__``.
+
+    pyroute2 0.9's ``__init__`` imports all of its public API (NDB, IPDB,
+    nftables, nl80211, ...): about 370 modules, 20 MiB of the daemon's RSS
+    and 85 ms, for the three modules the codec here needs.  The package
+    object is made from its spec but not run; the first lookup of one of
+    its names (``from pyroute2 import IPRoute`` anywhere later) runs the
+    real ``__init__`` then, so nothing else sees a difference."""
+    if "pyroute2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or spec.loader is None:
+        return  # the import below says what is missing
+    pkg = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def __getattr__(name: str):
+        del pkg.__dict__["__getattr__"]
+        loader.exec_module(pkg)
+        try:
+            return pkg.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module 'pyroute2' has no attribute {name!r}") from None
+
+    pkg.__dict__["__getattr__"] = __getattr__
+    sys.modules["pyroute2"] = pkg
+
+
+_pyroute2_without_its_init()
+
+from pyroute2.netlink import (  # noqa: E402
+    CTRL_CMD_GETFAMILY,
+    GENL_ID_CTRL,
+    NLA_F_NESTED,
+    NLM_F_ACK,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    ctrlmsg,
+    genlmsg,
+    nla,
+)
+from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
+
+from .. import errors  # noqa: E402
+from ..model import Encap, Endpoint, PwType, Session, SessionSpec, Stats, Tunnel, TunnelSpec  # noqa: E402
+from . import uapi  # noqa: E402
+
+# linux/netlink.h
+NETLINK_GENERIC = 16
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10
+NLMSG_HDR = struct.Struct("=IHHII")  # struct nlmsghdr: len, type, flags, seq, pid
+ERRNO = struct.Struct("=i")  # struct nlmsgerr's error (and NLMSG_DONE's)
 
 
 class l2tpmsg(genlmsg):
@@ -286,25 +341,74 @@ class L2tpNetlink:
     """A generic-netlink socket bound to the "l2tp" family.
 
     One socket is reused for every request (the control-plane benchmark
-    depends on it).  Not thread-safe by itself: calls are serialised with a
-    lock.
+    depends on it).  It is a plain ``AF_NETLINK`` socket, so it lives in
+    the namespace it was opened in, whatever thread uses it later; calls are
+    serialised with a lock.  pyroute2 encodes and decodes the messages; the
+    send/receive loop is ours (``_exchange``): pyroute2 0.9's own socket runs
+    an asyncio loop per request, which cost most of a request's time.
     """
 
-    def __init__(self) -> None:
-        from pyroute2.netlink.generic import GenericNetlinkSocket
-
+    def __init__(self, family: str = uapi.L2TP_GENL_NAME) -> None:
         self._lock = threading.Lock()
-        self._sock = GenericNetlinkSocket()
+        self._seq = 0
+        self._buf = bytearray(1 << 16)  # Linux caps a dump's skb at 32 KiB
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_GENERIC)
         try:
-            self._sock.bind(uapi.L2TP_GENL_NAME, l2tpmsg)
-        except NetlinkError as e:
+            self._sock.bind((0, 0))
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)  # acks without a copy of the request
+            self.family = self._resolve(family)
+        except BaseException:
             self._sock.close()
+            raise
+
+    def _resolve(self, name: str) -> int:
+        m = ctrlmsg()
+        m["cmd"] = CTRL_CMD_GETFAMILY
+        m["version"] = 1
+        m["attrs"] = [["CTRL_ATTR_FAMILY_NAME", name]]
+        try:
+            (reply,) = self._exchange(m, GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, ctrlmsg)
+        except NetlinkError as e:
             if e.code in (errno.ENOENT, errno.ENOTSUP):
                 raise errors.KernelSupportError(
                     "kernel L2TP support missing: generic-netlink family 'l2tp' not found "
                     "(modprobe l2tp_netlink; this kernel may not have CONFIG_L2TP)"
+                    if name == uapi.L2TP_GENL_NAME else f"generic-netlink family {name!r} not found"
                 ) from None
-            raise errors.from_errno(e.code, "generic-netlink family 'l2tp'", "resolve") from None
+            raise errors.from_errno(e.code, f"generic-netlink family {name!r}", "resolve") from None
+        return reply.get_attr("CTRL_ATTR_FAMILY_ID")
+
+    def _exchange(self, msg, msg_type: int, flags: int, cls=None) -> list:
+        """Send ``msg``; return the replies of its sequence number, decoded
+        as ``cls``.  Ends at the ack (requests) or NLMSG_DONE (dumps); an
+        error answer raises NetlinkError(code)."""
+        self._seq = seq = self._seq % 0x7FFFFFFF + 1
+        h = msg["header"]
+        h["type"], h["flags"], h["sequence_number"], h["pid"] = msg_type, flags, seq, 0
+        msg.encode()
+        self._sock.send(msg.data)
+        cls = cls or l2tpmsg
+        out = []
+        while True:
+            n = self._sock.recv_into(self._buf, 0, socket.MSG_TRUNC)
+            if n > len(self._buf):
+                raise NetlinkError(errno.EMSGSIZE, "netlink answer larger than the receive buffer")
+            data = bytes(self._buf[:n])
+            off = 0
+            while off + NLMSG_HDR.size <= n:
+                length, typ, _, rseq, _ = NLMSG_HDR.unpack_from(data, off)
+                if length < NLMSG_HDR.size:
+                    raise NetlinkError(errno.EBADMSG, "malformed netlink answer")
+                if rseq == seq:
+                    if typ in (NLMSG_ERROR, NLMSG_DONE):
+                        code = ERRNO.unpack_from(data, off + NLMSG_HDR.size)[0] if length >= 20 else 0
+                        if code:
+                            raise NetlinkError(abs(code))
+                        return out
+                    m = cls(data[off:off + length])
+                    m.decode()
+                    out.append(m)
+                off += (length + 3) & ~3  # a stale answer (another sequence number) is skipped
 
     def close(self) -> None:
         self._sock.close()
@@ -316,9 +420,10 @@ class L2tpNetlink:
         self.close()
 
     def _request(self, msg: l2tpmsg, flags: int, what: str, action: str) -> list:
+        # every request asks for an ack, so that a GET's end is known too
         with self._lock:
             try:
-                return list(self._sock.nlm_request(msg, msg_type=self._sock.prid, msg_flags=flags))
+                return self._exchange(msg, self.family, flags if flags & NLM_F_DUMP else flags | NLM_F_ACK)
             except NetlinkError as e:
                 raise errors.from_errno(e.code, what, action) from None
 
@@ -396,3 +501,9 @@ class L2tpNetlink:
     def session_dump(self) -> list[Session]:
         msgs = self._request(build_session_get(), NLM_F_REQUEST | NLM_F_DUMP, "sessions", "dump")
         return [parse_session(m) for m in msgs]
+
+    def session_ids(self) -> set[tuple[int, int]]:
+        """(tunnel id, session id) of every session: a dump without the
+        models (building them was most of a 10,000-session dump's cost)."""
+        msgs = self._request(build_session_get(), NLM_F_REQUEST | NLM_F_DUMP, "sessions", "dump")
+        return {(m.get_attr("L2TP_ATTR_CONN_ID"), m.get_attr("L2TP_ATTR_SESSION_ID")) for m in msgs}

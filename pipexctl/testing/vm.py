@@ -368,6 +368,8 @@ def run_in_guest(
         "-accel", os.environ.get("PIPEXCTL_VM_ACCEL", "tcg"),
         "-m", str(memory_mb),
         "-smp", str(cpus),
+        # e.g. "max": TCG then emulates AES-NI, as a server's CPU has it (the ESP rows)
+        *(["-cpu", os.environ["PIPEXCTL_VM_CPU"]] if os.environ.get("PIPEXCTL_VM_CPU") else []),
         "-display", "none", "-monitor", "none", "-serial", "stdio",
         "-no-reboot",
         "-kernel", str(image),

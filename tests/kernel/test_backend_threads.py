@@ -1,9 +1,10 @@
-"""NetlinkBackend from many threads: one netlink socket, in its namespace.
+"""NetlinkBackend from many threads: one netlink socket, in its namespace;
+and a dump that takes many answers.
 
-pyroute2 0.9 opens a socket per thread that uses it (in that thread's
-namespace) and keeps it until close(); `pipexctl serve` handles each pppd
-in a new thread, so before the backend owned a thread of its own, every
-offloaded call left one netlink socket behind."""
+pyroute2 0.9's socket opened one more socket per thread that used it (in
+that thread's namespace) and kept it until close(); `pipexctl serve`
+handles each pppd in a new thread.  The backend now sends on a plain
+netlink socket opened once in its namespace."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import threading
 import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
-from pipexctl.model import Endpoint, TunnelSpec
+from pipexctl.model import Endpoint, PwType, SessionSpec, TunnelSpec
 from pipexctl.testing.lab import fd_kinds
 
 from .conftest import ip_l2tp
@@ -51,3 +52,24 @@ def test_threads_share_one_socket_in_the_backends_namespace(pair):
             except Exception:
                 pass
         b.close()
+
+
+def test_a_dump_of_many_answers_is_whole_and_the_socket_stays_usable(pair):
+    """600 sessions: the kernel splits the dump over several 32 KiB answers."""
+    b = NetlinkBackend(netns=pair.a)
+    try:
+        b.tunnel_create(TunnelSpec(tunnel_id=310, peer_tunnel_id=410, version=2,
+                                   local=Endpoint.parse(f"{pair.A4}:5310"), remote=Endpoint.parse(f"{pair.B4}:5310")))
+        for sid in range(1, 601):
+            b.session_create(SessionSpec(tunnel_id=310, session_id=sid, peer_session_id=sid, version=2,
+                                         pw_type=PwType.ppp))
+        want = {(310, sid) for sid in range(1, 601)}
+        assert b.session_ids() == want
+        assert {(s.tunnel_id, s.session_id) for s in b.session_dump()} == want
+        assert len([x for x in ip_l2tp(pair.a, "session") if x["tunnel_id"] == 310]) == 600
+        assert b.session_get(310, 600).peer_session_id == 600  # a request right after a dump
+    finally:
+        try:
+            b.tunnel_delete(310)
+        finally:
+            b.close()

@@ -194,6 +194,29 @@ static long px_json_int(const char *buf, const char *key)
 	return strtol(p, NULL, 10);
 }
 
+/* The daemon's refusal, for pppd's log: the JSON string after "error":
+ * up to its closing quote, at most 200 characters, anything but printable
+ * ASCII shown as '?' (the text must not write lines of its own into the log). */
+static void px_refusal(char *dst, size_t len, const char *rep)
+{
+	const char *e = strstr(rep, "\"error\": \"");
+	size_t n;
+
+	if (!e) {
+		snprintf(dst, len, "pipexctl refused: unreadable reply");
+		return;
+	}
+	n = snprintf(dst, len, "pipexctl refused: ");
+	if (n >= len)
+		return;
+	for (e += 10; *e && *e != '"' && n + 1 < len && n < 218; e++) {
+		if (*e == '\\' && e[1])
+			e++;
+		dst[n++] = (*e >= 0x20 && *e < 0x7f) ? *e : '?';
+	}
+	dst[n] = 0;
+}
+
 /* connect(), bounded by pipexctl_timeout: a daemon that cannot accept
  * (its backlog full) would otherwise hold pppd in connect() for ever. */
 static int px_connect_timeout(int s, const struct sockaddr_un *sa)
@@ -273,8 +296,7 @@ static int px_request(char *why, size_t whylen)
 	}
 	/* the contract: the reply is one JSON object whose first member is "ok" */
 	if (strncmp(rep, "{\"ok\": true,", 12) != 0) {
-		const char *e = strstr(rep, "\"error\": \"");
-		snprintf(why, whylen, "pipexctl refused: %.200s", e ? e + 10 : rep);
+		px_refusal(why, whylen, rep);
 		if (fd >= 0)
 			close(fd);
 		if (fds[1] >= 0)

@@ -103,6 +103,26 @@ def scale_table(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def storm_table(st: dict) -> str:
+    rows = st.get("rows") or []
+    if not rows:
+        return ""
+    out = ["", "Login storm (`bench/loginstorm.py`): K calls dialled at once, one per LAC namespace, against one "
+           "LNS; the LACs in xl2tpd's kernel mode in both rounds:", "",
+           "| K | (c) kernel mode: all up, s | (d) pipexctl: all up and offloaded, s | d / c (target <= 1.2) "
+           "| request -> channel p50 / p99 / max ms (n) |", "|---|---|---|---|---|"]
+    by = {(r["k"], r["case"]): r for r in rows}
+    for k in sorted({r["k"] for r in rows}):
+        c, d = by.get((k, "c-xl2tpd-kernel"), {}), by.get((k, "d-pipexctl"), {})
+        cs, ds = c.get("all_up_seconds"), d.get("all_offloaded_seconds")
+        lat = d.get("channel_latency_ms") or {}
+        out.append(f"| {k} | {f'{cs:.1f}' if cs else c.get('error', 'not all up')} "
+                   f"| {f'{ds:.1f}' if ds else d.get('error', 'not all up')} "
+                   f"| {f'{ds / cs:.2f}' if cs and ds else '-'} "
+                   f"| {lat.get('p50', 0):.0f} / {lat.get('p99', 0):.0f} / {lat.get('max', 0):.0f} ({lat.get('n', 0)}) |")
+    return "\n".join(out) + "\n"
+
+
 def cp_table(cp: dict) -> str:
     out = ["", "Control plane, library (one netlink socket reused) vs one `ip l2tp` process per operation, "
            "Ethernet sessions (the only kind Debian 12's iproute2 makes), one tunnel; `ip` started by one shell loop:", "",
@@ -217,9 +237,11 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=int, default=10)
+    p.add_argument("--storm", default="25,100", help="calls dialled at once in the login-storm rows")
     a = p.parse_args()
     cmd = (f"{sys.executable} bench/dataplane.py --runs {a.runs} --seconds {a.seconds}; "
-           f"{sys.executable} bench/controlplane.py")
+           f"{sys.executable} bench/controlplane.py; "
+           f"{sys.executable} bench/loginstorm.py --k {a.storm}")
     try:
         r = run_in_guest(["sh", "-c", cmd], cwd=str(ROOT), keep_results=True, progress=True, timeout=5400)
     except VMError as e:
@@ -232,12 +254,14 @@ def main() -> int:
     res = json.loads(src.read_text())
     cpf = r.results_dir / "controlplane.json"
     res["controlplane"] = cp = json.loads(cpf.read_text()) if cpf.exists() else {}
+    stf = r.results_dir / "loginstorm.json"
+    res["loginstorm"] = json.loads(stf.read_text()) if stf.exists() else {}
     res["guest_seconds"] = r.total_seconds
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
-    md = table(res) + dp_extra(res) + scale_table(res) + cp_table(cp)
+    md = table(res) + dp_extra(res) + scale_table(res) + cp_table(cp) + storm_table(res["loginstorm"])
     png = out / f"{stamp}.png"
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"
     md += f"\nGuest run: {r.total_seconds / 60:.1f} min.\n"

@@ -74,6 +74,8 @@ class Lab:
     lns_global: str = ""  # extra [global] lines of the LNS's xl2tpd.conf
     lns_env: dict = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
     ppp_opts: str = PPP_OPTS_COMMON  # the first lines of every pppd options file
+    lac_kernel_mode: bool | None = None  # the LACs' xl2tpd mode when it differs from the LNS's
+    lac_extra_pppd: str | None = None  # the LACs' pppd lines when they differ from the LNS's (write_configs)
 
     def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
@@ -86,26 +88,29 @@ class Lab:
         self._sh("ip", "-n", lns_ns, "link", "set", "lo", "up")
         self.lns = Instance("lns", lns_ns, "lns", self.base / "lns", "10.99.1.1")
         self.lns.dir.mkdir(parents=True)
+        if n_lacs > 153:
+            raise ValueError("at most 153 LACs: each has its own 10.99.X.0/24, and 10.99.100.0/24 is the calls'")
         for i in range(1, n_lacs + 1):
             ns = f"lac{i}{self.tag}"
+            net = f"10.99.{i if i < 100 else i + 1}"
             self._sh("ip", "netns", "add", ns)
             self._sh("ip", "-n", ns, "link", "set", "lo", "up")
             self._sh("ip", "link", "add", f"l{i}", "netns", lns_ns, "type", "veth", "peer", "name", "v0", "netns", ns)
-            self._sh("ip", "-n", lns_ns, "addr", "add", f"10.99.{i}.1/24", "dev", f"l{i}")
-            self._sh("ip", "-n", ns, "addr", "add", f"10.99.{i}.2/24", "dev", "v0")
+            self._sh("ip", "-n", lns_ns, "addr", "add", f"{net}.1/24", "dev", f"l{i}")
+            self._sh("ip", "-n", ns, "addr", "add", f"{net}.2/24", "dev", "v0")
             self._sh("ip", "-n", lns_ns, "link", "set", f"l{i}", "up")
             self._sh("ip", "-n", ns, "link", "set", "v0", "up")
-            inst = Instance(f"lac{i}", ns, "lac", self.base / f"lac{i}", f"10.99.{i}.2", peer=f"10.99.{i}.1")
+            inst = Instance(f"lac{i}", ns, "lac", self.base / f"lac{i}", f"{net}.2", peer=f"{net}.1")
             inst.dir.mkdir(parents=True)
             self.lacs.append(inst)
         return self
 
     # ---- configuration
-    def _global(self, listen: str | None, extra: str = "") -> str:
+    def _global(self, listen: str | None, extra: str = "", kernel_mode: bool | None = None) -> str:
         g = "[global]\nport = 1701\n" + extra
         if listen:
             g += f"listen-addr = {listen}\n"
-        if not self.kernel_mode:
+        if not (self.kernel_mode if kernel_mode is None else kernel_mode):
             g += "force userspace = yes\n"
         return g
 
@@ -132,8 +137,9 @@ pppoptfile = {self.lns.dir}/options
         for lac in self.lacs:
             (lac.dir / "options").write_text(self.ppp_opts + f"logfile {lac.dir}/pppd.log\n"
                                              + "ipcp-accept-local\nipcp-accept-remote\n"
-                                             + extra_pppd.format(sock=self.serve_socket(lac)))
-            lac.dir.joinpath("xl2tpd.conf").write_text(self._global(lac.local) + "".join(
+                                             + (extra_pppd if self.lac_extra_pppd is None
+                                                else self.lac_extra_pppd).format(sock=self.serve_socket(lac)))
+            lac.dir.joinpath("xl2tpd.conf").write_text(self._global(lac.local, "", self.lac_kernel_mode) + "".join(
                 f"""
 [lac {name}]
 lns = {lac.peer}

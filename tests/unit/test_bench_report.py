@@ -66,3 +66,38 @@ def test_variant_ratios_and_the_scale_table_come_from_the_medians():
     assert "| 10,000 | - | 380.0 | 50.0 | 55.0 |" in sc
     assert "N = 10,000 / N = 0 (target >= 0.9): 0.95" in sc
     assert "0: 1.05, 10,000: 1.10" in sc
+
+
+def test_scale_passes_and_serve_cpu_are_shown_per_n():
+    run = _run_module()
+    res = {"scale": {"d-pipexctl/sessions": {"0": {"median": 400.0, "passes": [390.0, 410.0],
+                                                   "serve_cpu_seconds": [0.25, 0.5]}},
+                     "c-xl2tpd-kernel/tunnels": {"0": {"median": 300.0, "passes": [310.0, 290.0]}}}}
+    sc = run.scale_table(res)
+    assert "| 0 | - | 390.0 / 410.0 | 310.0 / 290.0 | - | 0.2 + 0.5 / - |" in sc
+
+
+def test_merged_passes_take_the_median_of_every_run():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bench_dp", ROOT / "bench" / "dataplane.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_dp"] = mod
+    spec.loader.exec_module(mod)
+    got = mod.merge_passes([{"0": {"forward": [1.0, 2.0, 3.0], "median": 2.0, "build_seconds": 0.1,
+                                   "serve_cpu_seconds": 0.0}},
+                            {"0": {"forward": [10.0, 20.0, 30.0], "median": 20.0, "build_seconds": 0.2,
+                                   "serve_cpu_seconds": 0.5}, "error": "boom"}])
+    assert got["0"]["median"] == 6.5 and got["0"]["passes"] == [2.0, 20.0] and got["error"] == "boom"
+
+
+def test_the_login_storm_rows_compare_time_to_all_offloaded_with_kernel_modes_all_up():
+    run = _run_module()
+    st = {"rows": [{"k": 100, "case": "c-xl2tpd-kernel", "all_up_seconds": 40.0},
+                   {"k": 100, "case": "d-pipexctl", "all_offloaded_seconds": 44.0,
+                    "channel_latency_ms": {"n": 100, "p50": 50.0, "p99": 90.4, "max": 120.0}},
+                   {"k": 150, "case": "c-xl2tpd-kernel", "error": "TimeoutError: x"}]}
+    md = run.storm_table(st)
+    assert "| 100 | 40.0 | 44.0 | 1.10 | 50 / 90 / 120 (100) |" in md
+    assert "| 150 | TimeoutError: x | not all up | - | 0 / 0 / 0 (0) |" in md

@@ -1,0 +1,95 @@
+"""Login storm, run inside the guest: K calls dialled at once, one from each
+of K LAC namespaces (each its own tunnel and address), against one LNS.
+
+Two rounds per K, in one boot:
+- (c) the LNS's xl2tpd in kernel mode (pppol2tp.so): time until every call
+  is up (K PPP links with IPCP done on the LNS);
+- (d) the LNS's xl2tpd in userspace mode with `pipexctl serve` and the
+  plugin: time until every call is up and offloaded (K PPP links, and K
+  PPPoL2TP sessions in /proc/net/pppol2tp), and the request -> channel
+  latency from the daemon's own records.
+The LACs run xl2tpd's kernel mode in both rounds, so their cost is the same.
+Not a test: it asserts nothing.
+
+    python -m pipexctl.testing.vm --memory 4096 -- .venv/bin/python bench/loginstorm.py --k 25,100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipexctl import netns  # noqa: E402
+from pipexctl.testing.lab import Lab, kernel_objects, plugin_options  # noqa: E402
+from pipexctl.testing.probe import ppp_inet_links  # noqa: E402
+
+
+def pppol2tp_sessions(ns: str) -> int:
+    """PPP sessions on PPPoL2TP sockets in ``ns`` (its /proc/net/pppol2tp),
+    read in-process: a poll must not cost what it measures."""
+    with netns.enter(ns):
+        text = Path("/proc/thread-self/net/pppol2tp").read_text()
+    return sum(1 for line in text.splitlines() if line.lstrip().startswith("SESSION '"))
+
+
+def storm(k: int, offload: bool, timeout: float) -> dict:
+    lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="")
+    try:
+        lab.setup(k)
+        lab.start_all(plugin_options() + "pipexctl_timeout 60\n" if offload else "")
+        if offload:
+            lab.serve_all([lab.lns], "--wait", "60")
+        t0 = time.monotonic()
+        for lac in lab.lacs:
+            lab.control(lac, "c lns")
+        dialled = time.monotonic() - t0
+        up = offloaded = None
+        end = t0 + timeout
+        while time.monotonic() < end:
+            if offload and offloaded is None and pppol2tp_sessions(lab.lns.ns) == k:
+                offloaded = time.monotonic() - t0
+            if up is None and len(ppp_inet_links(lab.lns.ns)) == k:
+                up = time.monotonic() - t0
+            if up is not None and (offloaded is not None or not offload):
+                break
+            time.sleep(0.1)
+        out = {"k": k, "dial_seconds": round(dialled, 2), "all_up_seconds": up,
+               "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns)}
+        if offload:
+            st = lab.serve_status(lab.lns)
+            # up and offloaded: the plugin gives pppd its channel before LCP starts
+            out["all_offloaded_seconds"] = None if offloaded is None or up is None else max(up, offloaded)
+            out["channel_latency_ms"] = st.get("channel_latency_ms")
+            out["stats"] = st.get("stats")
+        return out
+    except Exception as e:  # one K's failure is a row of its own; the next K still runs
+        return {"k": k, "error": f"{type(e).__name__}: {e}"[:2000]}
+    finally:
+        lab.teardown()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--k", default="25,100", help="comma-separated numbers of calls dialled at once (at most 153)")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
+    a = p.parse_args()
+    rows = []
+    for k in (int(x) for x in a.k.split(",") if x):
+        for offload in (False, True):
+            r = storm(k, offload, a.timeout)
+            r["case"] = "d-pipexctl" if offload else "c-xl2tpd-kernel"
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    Path(a.out).write_text(json.dumps({"kernel": os.uname().release, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

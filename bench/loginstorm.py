@@ -71,6 +71,12 @@ def storm(k: int, offload: bool, timeout: float) -> dict:
     except Exception as e:  # one K's failure is a row of its own; the next K still runs
         return {"k": k, "error": f"{type(e).__name__}: {e}"[:2000]}
     finally:
+        if offload and os.environ.get("PIPEXCTL_RESULTS") and lab.lns is not None:
+            d = Path(os.environ["PIPEXCTL_RESULTS"]) / f"storm-{k}"
+            d.mkdir(exist_ok=True)
+            for name in ("serve.log", "xl2tpd.log"):
+                if (lab.lns.dir / name).exists():
+                    (d / f"lns-{name}").write_bytes((lab.lns.dir / name).read_bytes())
         lab.teardown()
 
 

@@ -9,8 +9,9 @@ For one call discovery has matched to a pppd:
 3. the kernel PPP session (xl2tpd's call ids; LNS mode on the LNS);
 4. a PPPoL2TP socket connected to it, handed to pppd.
 
-The steps run in one Orchestrator transaction: any failure, the hand-off
-to pppd included, undoes every step made so far.  pppd gets the PPPoL2TP
+The steps run in one Orchestrator transaction: any failure undoes every
+step made so far.  The hand-off to pppd follows without the service's
+lock; if pppd does not take the channel, the call ends as any call ends.  pppd gets the PPPoL2TP
 socket and a copy of the tunnel's socket, so the kernel session ends when
 pppd does and the tunnel outlives the daemon while any of its pppds runs.
 When discovery reports a call gone its session is removed; when it reports
@@ -27,6 +28,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -163,16 +165,48 @@ class OffloadService(Endings):
 
     # ---------------------------------------------------------- the offload
     def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None,
-                hand_off: Optional[HandOff] = None, xl2tpd_pid: Optional[int] = None) -> tuple[PPPChannel, dict]:
+                hand_off: Optional[HandOff] = None, xl2tpd_pid: Optional[int] = None,
+                timing: Optional[dict] = None) -> tuple[PPPChannel, dict]:
         """Give ``call`` a kernel channel; all or nothing.
 
         ``pppd_pid`` and ``xl2tpd_pid`` (its verified parent) are watched:
         their exits, not log lines, end the session and the tunnel.
 
-        ``hand_off(meta, fds)`` runs last, inside the transaction: if it
-        raises, the session (and a tunnel made for it) is undone.  The caller
-        closes the returned channel once pppd holds its copy."""
-        with self.lock, self.orch.transaction() as tx:
+        The kernel objects and the record are made under ``self.lock`` in one
+        transaction.  ``hand_off(meta, fds)`` then runs without the lock (it
+        waits for pppd's acknowledgement, which would otherwise hold every
+        other call's offload behind this pppd's scheduling): if it raises,
+        the call is ended the way any offloaded call ends, and a tunnel made
+        for it alone goes with it.  ``timing`` (if given) gets the seconds
+        spent waiting for the lock, building, writing the state file and
+        handing off.  The caller closes the returned channel once pppd holds
+        its copy."""
+        t = time.monotonic()
+        with self.lock:
+            t_locked = time.monotonic()
+            ch, meta, ts, made_tunnel, t_saved = self._build(call, pppd_pid, pty, xl2tpd_pid)
+        t_built = time.monotonic()
+        if hand_off is not None:
+            try:
+                # pppd also gets the tunnel's socket: the tunnel then outlives the daemon
+                hand_off(meta, [ch.fileno()] + ([ts.sock.fileno()] if ts.sock is not None else []))
+            except BaseException:
+                ch.close()
+                with self.lock:
+                    self._end_call(ts, call.call_id, "not taken by its pppd: offload removed")
+                    key = (ts.instance, ts.tunnel_id)
+                    if made_tunnel and not ts.records and self.tunnels.get(key) is ts:
+                        self.drop_tunnel(key, f"its first call {call.call_id} was not taken by its pppd", sync=False)
+                    self.save()
+                raise
+        if timing is not None:
+            timing.update(lock=t_locked - t, build=t_saved[0] - t_locked, state=t_saved[1] - t_saved[0],
+                          hand_off=time.monotonic() - t_built)
+        return ch, meta
+
+    def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int]):
+        """The kernel objects and the record of ``call`` (caller holds the lock)."""
+        with self.orch.transaction() as tx:
             tx.on_rollback(self.save)  # registered first: runs last
             key = (call.instance, call.tunnel_id)
             ts = self.tunnels.get(key)
@@ -182,6 +216,7 @@ class OffloadService(Endings):
                 # reported yet (its ids are random): that tunnel is gone
                 self.drop_tunnel(key, f"its id {call.tunnel_id} now names a new tunnel to {call.peer}")
                 ts = None
+            made_tunnel = ts is None
             if ts is None:
                 ts = self._new_tunnel(call, tx, xl2tpd_pid)
             if call.call_id in ts.records and self._stale_session(ts, call.call_id):
@@ -204,15 +239,14 @@ class OffloadService(Endings):
             self.exits.watch(rec.pppd_pid)
             tx.on_rollback(lambda: (ts.records.pop(call.call_id, None), self.exits.unwatch(rec.pppd_pid)))
             ts.records[call.call_id] = rec
+            t_save = time.monotonic()
             self.save()
+            t_saved = (t_save, time.monotonic())
             self.failpoint("state-saved")
             meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
                     "peer_session_id": call.peer_call_id, "local": f"{ts.local}:{ts.local_port}",
                     "peer": f"{ts.peer}:{ts.peer_port}", "role": call.role}
-            if hand_off is not None:
-                # pppd also gets the tunnel's socket: the tunnel then outlives the daemon
-                hand_off(meta, [ch.fileno()] + ([ts.sock.fileno()] if ts.sock is not None else []))
-            return ch, meta
+            return ch, meta, ts, made_tunnel, t_saved
 
     def _new_tunnel(self, call: CallInfo, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:
         peer_port = call.peer_port or 1701

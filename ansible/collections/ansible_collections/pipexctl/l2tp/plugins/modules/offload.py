@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: offload
 short_description: Load pipexctl's pppd plugin from xl2tpd's pppd options files
 author:
-  - pipexctl developers
+  - pipexctl developers (@pipexctl)
 version_added: 0.1.0
 description:
   - Writes (or removes) one marked block in each pppd options file that xl2tpd.conf names

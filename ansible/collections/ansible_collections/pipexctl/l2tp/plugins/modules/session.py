@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: session
 short_description: Kernel L2TP sessions and tunnels through pipexctl's library
 author:
-  - pipexctl developers
+  - pipexctl developers (@pipexctl)
 version_added: 0.1.0
 description:
   - Makes a kernel L2TP session (and, when missing, its unmanaged tunnel) exist or not, through the

@@ -54,6 +54,8 @@ fi
 make -s -C plugins install >/dev/null
 # Debian 13's pppd 2.5.2 headers and binary, for the plugin's build test against the 2.5 API
 bash scripts/fetch_trixie_ppp.sh
+# promtool, for the check of contrib/prometheus-alerts.yml
+bash scripts/fetch_promtool.sh
 # the Debian 13 guest's root (kernel 6.12, pppd 2.5.2): `make test DEBIAN=13`
 bash scripts/debian13_root.sh
 # byte-compile now: the guest sees the tree read-only and would recompile every boot

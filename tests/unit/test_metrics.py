@@ -340,3 +340,16 @@ def test_contrib_rules_and_dashboard_name_only_metrics_the_daemon_exports(srv):
     for e in exprs:
         for name in _re.findall(r"\b(pipexctl_\w+|process_\w+|up)\b", e):
             assert name in exported or name in words, f"{name} (in {e}) is not exported"
+
+
+def test_contrib_rules_pass_promtool_and_fire_on_their_series():
+    """Debian 12's promtool (`make setup` unpacks it: scripts/fetch_promtool.sh)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    promtool = root / ".cache" / "promtool" / "usr" / "bin" / "promtool"
+    assert promtool.exists(), f"{promtool} is missing: `make setup` fetches it (scripts/fetch_promtool.sh)"
+    for args in (["check", "rules", "contrib/prometheus-alerts.yml"],
+                 ["test", "rules", "contrib/tests/prometheus-alerts.test.yml"]):
+        r = subprocess.run([str(promtool), *args], cwd=root, capture_output=True, text=True)
+        assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr

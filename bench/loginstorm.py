@@ -32,7 +32,7 @@ from pipexctl.testing.probe import ppp_inet_links  # noqa: E402
 
 def pppol2tp_sessions(ns: str) -> int:
     """PPP sessions on PPPoL2TP sockets in ``ns`` (its /proc/net/pppol2tp),
-    read in-process: a poll must not cost what it measures."""
+    read in-process rather than by a process per poll."""
     with netns.enter(ns):
         text = Path("/proc/thread-self/net/pppol2tp").read_text()
     return sum(1 for line in text.splitlines() if line.lstrip().startswith("SESSION '"))
@@ -52,9 +52,9 @@ def storm(k: int, offload: bool, timeout: float) -> dict:
         up = offloaded = None
         end = t0 + timeout
         while time.monotonic() < end:
-            if offload and offloaded is None and pppol2tp_sessions(lab.lns.ns) == k:
+            if offload and offloaded is None and pppol2tp_sessions(lab.lns.ns) >= k:
                 offloaded = time.monotonic() - t0
-            if up is None and len(ppp_inet_links(lab.lns.ns)) == k:
+            if up is None and len(ppp_inet_links(lab.lns.ns)) >= k:
                 up = time.monotonic() - t0
             if up is not None and (offloaded is not None or not offload):
                 break

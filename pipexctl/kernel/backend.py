@@ -134,6 +134,7 @@ class NetlinkBackend:
 class _NullChannel:
     def __init__(self, backend: "NullBackend", tunnel_id: int, session_id: int, index: int) -> None:
         self.backend, self.tunnel_id, self.session_id, self.index = backend, tunnel_id, session_id, index
+        self.made = backend._made.get((tunnel_id, session_id))
         self.closed = False
 
     def fileno(self) -> int:
@@ -143,10 +144,13 @@ class _NullChannel:
         return self.index
 
     def close(self) -> None:
-        # closing a PPPoL2TP socket deletes its session, as in the kernel
+        # closing a PPPoL2TP socket deletes its session, as in the kernel:
+        # the session object it was connected to, not a later one with its id
         if not self.closed:
             self.closed = True
-            self.backend._sessions.pop((self.tunnel_id, self.session_id), None)
+            key = (self.tunnel_id, self.session_id)
+            if self.backend._made.get(key) == self.made:
+                self.backend._sessions.pop(key, None)
 
 
 class NullBackend:
@@ -156,6 +160,7 @@ class NullBackend:
         self._tunnels: dict[int, Tunnel] = {}
         self._sessions: dict[tuple[int, int], Session] = {}
         self._channels = 0
+        self._made: dict[tuple[int, int], int] = {}  # which creation of a session id: a channel's close deletes only its own
         self.fail_on = fail_on or {}  # method name -> errno, to exercise error paths
         self.calls: list[str] = []
 
@@ -199,6 +204,7 @@ class NullBackend:
             raise errors.from_errno(errno.ENODEV, f"tunnel {spec.tunnel_id}", "create a session in")
         if (spec.tunnel_id, spec.session_id) in self._sessions:
             raise errors.from_errno(errno.EEXIST, spec.describe(), "create")
+        self._made[(spec.tunnel_id, spec.session_id)] = self._made.get((spec.tunnel_id, spec.session_id), 0) + 1
         self._sessions[(spec.tunnel_id, spec.session_id)] = Session(
             tunnel_id=spec.tunnel_id,
             session_id=spec.session_id,

@@ -35,9 +35,11 @@ def _pyroute2_without_its_init() -> None:
     pyroute2 0.9's ``__init__`` imports all of its public API (NDB, IPDB,
     nftables, nl80211, ...): about 370 modules, 20 MiB of the daemon's RSS
     and 85 ms, for the three modules the codec here needs.  The package
-    object is made from its spec but not run; the first lookup of one of
-    its names (``from pyroute2 import IPRoute`` anywhere later) runs the
-    real ``__init__`` then, so nothing else sees a difference."""
+    object is made from its spec but not run.  A lookup of a submodule on
+    it (``from pyroute2 import config``, as pyroute2's own modules do) imports
+    that submodule; the first lookup of any other name (``from pyroute2
+    import IPRoute`` anywhere later) runs the real ``__init__``, once, under
+    a lock, so nothing else sees a difference."""
     if "pyroute2" in sys.modules:
         return
     spec = importlib.util.find_spec("pyroute2")
@@ -45,10 +47,21 @@ def _pyroute2_without_its_init() -> None:
         return  # the import below says what is missing
     pkg = importlib.util.module_from_spec(spec)
     loader = spec.loader
+    lock = threading.RLock()
+    ran = []
 
     def __getattr__(name: str):
-        del pkg.__dict__["__getattr__"]
-        loader.exec_module(pkg)
+        try:
+            sub = importlib.util.find_spec(f"pyroute2.{name}")
+        except (ImportError, ValueError):
+            sub = None
+        if sub is not None:
+            return importlib.import_module(f"pyroute2.{name}")
+        with lock:  # a second thread waits for the whole __init__; its own lookups (reentrant) see it as it is
+            if not ran:
+                ran.append(True)
+                loader.exec_module(pkg)
+                pkg.__dict__.pop("__getattr__", None)
         try:
             return pkg.__dict__[name]
         except KeyError:
@@ -351,6 +364,7 @@ class L2tpNetlink:
     def __init__(self, family: str = uapi.L2TP_GENL_NAME) -> None:
         self._lock = threading.Lock()
         self._seq = 0
+        self._unfinished = 0  # the sequence number of a request whose answers were not all read
         self._buf = bytearray(1 << 16)  # Linux caps a dump's skb at 32 KiB
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_GENERIC)
         try:
@@ -382,13 +396,33 @@ class L2tpNetlink:
         """Send ``msg``; return the replies of its sequence number, decoded
         as ``cls``.  Ends at the ack (requests) or NLMSG_DONE (dumps); an
         error answer raises NetlinkError(code)."""
+        if self._unfinished:
+            self._drain()
         self._seq = seq = self._seq % 0x7FFFFFFF + 1
         h = msg["header"]
         h["type"], h["flags"], h["sequence_number"], h["pid"] = msg_type, flags, seq, 0
         msg.encode()
         self._sock.send(msg.data)
-        cls = cls or l2tpmsg
-        out = []
+        self._unfinished = seq
+        out = self._answers(seq, cls or l2tpmsg)
+        self._unfinished = 0
+        return out
+
+    def _drain(self) -> None:
+        """Read what an interrupted request left (a dump the kernel goes on
+        answering, which would make the next dump EBUSY): up to its end, or
+        until nothing comes for a second."""
+        self._sock.settimeout(1.0)
+        try:
+            self._answers(self._unfinished, None)
+        except (NetlinkError, OSError):  # its error, or silence: either way nothing is left
+            pass
+        finally:
+            self._sock.settimeout(None)
+            self._unfinished = 0
+
+    def _answers(self, seq: int, cls) -> list:
+        out: list = []
         while True:
             n = self._sock.recv_into(self._buf, 0, socket.MSG_TRUNC)
             if n > len(self._buf):
@@ -405,13 +439,15 @@ class L2tpNetlink:
                         if code:
                             raise NetlinkError(abs(code))
                         return out
-                    m = cls(data[off:off + length])
-                    m.decode()
-                    out.append(m)
+                    if cls is not None:
+                        m = cls(data[off:off + length])
+                        m.decode()
+                        out.append(m)
                 off += (length + 3) & ~3  # a stale answer (another sequence number) is skipped
 
     def close(self) -> None:
-        self._sock.close()
+        with self._lock:  # after a request in flight, not under it
+            self._sock.close()
 
     def __enter__(self) -> "L2tpNetlink":
         return self
@@ -426,6 +462,9 @@ class L2tpNetlink:
                 return self._exchange(msg, self.family, flags if flags & NLM_F_DUMP else flags | NLM_F_ACK)
             except NetlinkError as e:
                 raise errors.from_errno(e.code, what, action) from None
+            except OSError as e:  # the socket itself (closed, ENOBUFS...): one clear error too
+                raise errors.KernelError(f"cannot {action} {what}: netlink socket: {e.strerror or e}",
+                                         errno=e.errno) from None
 
     # tunnels
     def tunnel_create(self, spec: TunnelSpec) -> None:

@@ -182,23 +182,34 @@ class OffloadService(Endings):
         handing off.  The caller closes the returned channel once pppd holds
         its copy."""
         t = time.monotonic()
+        tsock = -1
         with self.lock:
             t_locked = time.monotonic()
-            ch, meta, ts, made_tunnel, t_saved = self._build(call, pppd_pid, pty, xl2tpd_pid)
+            ch, meta, ts, rec, made_tunnel, t_saved = self._build(call, pppd_pid, pty, xl2tpd_pid)
+            if hand_off is not None and ts.sock is not None:
+                # our own copy: the tunnel may be dropped (and its socket
+                # closed) by another thread while pppd is handed this one
+                tsock = os.dup(ts.sock.fileno())
         t_built = time.monotonic()
-        if hand_off is not None:
-            try:
+        try:
+            if hand_off is not None:
                 # pppd also gets the tunnel's socket: the tunnel then outlives the daemon
-                hand_off(meta, [ch.fileno()] + ([ts.sock.fileno()] if ts.sock is not None else []))
-            except BaseException:
-                ch.close()
-                with self.lock:
+                hand_off(meta, [ch.fileno()] + ([tsock] if tsock >= 0 else []))
+        except BaseException:
+            ch.close()
+            with self.lock:
+                # only this pppd's record: its call may have ended meanwhile, and xl2tpd given the id to a new one
+                if ts.records.get(call.call_id) is rec:
                     self._end_call(ts, call.call_id, "not taken by its pppd: offload removed")
-                    key = (ts.instance, ts.tunnel_id)
-                    if made_tunnel and not ts.records and self.tunnels.get(key) is ts:
-                        self.drop_tunnel(key, f"its first call {call.call_id} was not taken by its pppd", sync=False)
-                    self.save()
-                raise
+                key = (ts.instance, ts.tunnel_id)
+                if not ts.records and (made_tunnel or ts.down is not None) and self.tunnels.get(key) is ts:
+                    self.drop_tunnel(key, ts.down or f"its first call {call.call_id} was not taken by its pppd",
+                                     sync=False)
+                self.save()
+            raise
+        finally:
+            if tsock >= 0:
+                os.close(tsock)
         if timing is not None:
             timing.update(lock=t_locked - t, build=t_saved[0] - t_locked, state=t_saved[1] - t_saved[0],
                           hand_off=time.monotonic() - t_built)
@@ -246,7 +257,7 @@ class OffloadService(Endings):
             meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
                     "peer_session_id": call.peer_call_id, "local": f"{ts.local}:{ts.local_port}",
                     "peer": f"{ts.peer}:{ts.peer_port}", "role": call.role}
-            return ch, meta, ts, made_tunnel, t_saved
+            return ch, meta, ts, rec, made_tunnel, t_saved
 
     def _new_tunnel(self, call: CallInfo, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:
         peer_port = call.peer_port or 1701

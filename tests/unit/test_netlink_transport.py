@@ -63,9 +63,58 @@ def test_the_codec_loads_without_pyroute2s_whole_api_and_the_api_still_works():
 
     code = ("import sys, pipexctl.kernel.netlink\n"
             "print(sorted(m for m in sys.modules if m.startswith('pyroute2')))\n"
-            "from pyroute2 import IPRoute, NDB\n"
+            "{}\n"
             "import pyroute2\n"
-            "print('pyroute2.ndb' in sys.modules, pyroute2.__version__ != 'unknown')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[0] == "['pyroute2', 'pyroute2.common', 'pyroute2.netlink', 'pyroute2.netlink.exceptions']"
-    assert out[1] == "True True"  # a later `from pyroute2 import ...` ran the real __init__
+            "from pyroute2 import IPRoute, NDB\n"
+            "print('pyroute2.ndb' in sys.modules, pyroute2.__version__ != 'unknown', IPRoute.__name__)\n")
+    # pyroute2's own modules ask the package for its submodules (nlsocket: `from pyroute2 import config, netns`)
+    for later in ("pass", "import pyroute2.netlink.generic", "import pyroute2.netlink.nlsocket",
+                  "from pyroute2.iproute import IPRoute as I"):
+        out = subprocess.run([sys.executable, "-c", code.format(later)], capture_output=True, text=True)
+        assert out.returncode == 0, (later, out.stderr[-2000:])
+        lines = out.stdout.splitlines()
+        assert lines[0] == "['pyroute2', 'pyroute2.common', 'pyroute2.netlink', 'pyroute2.netlink.exceptions']"
+        assert lines[1] == "True True IPRoute"  # a later `from pyroute2 import ...` ran the real __init__
+
+
+def test_the_real_init_runs_once_when_threads_ask_at_once():
+    import subprocess
+    import sys
+
+    code = ("import threading, pipexctl.kernel.netlink, pyroute2\n"
+            "got, errs = [], []\n"
+            "def ask():\n"
+            "    try:\n"
+            "        got.append(pyroute2.IPRoute.__name__)\n"
+            "    except Exception as e:\n"
+            "        errs.append(repr(e))\n"
+            "ts = [threading.Thread(target=ask) for _ in range(8)]\n"
+            "[t.start() for t in ts]; [t.join() for t in ts]\n"
+            "print(got, errs)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"{['IPRoute'] * 8} []"
+
+
+def test_a_request_interrupted_mid_answer_does_not_spoil_the_next():
+    class Boom(n.ctrlmsg):
+        def decode(self):
+            raise KeyboardInterrupt  # e.g. Ctrl-C while a dump's answers are read
+
+    with n.L2tpNetlink("nlctrl") as nl:
+        m = n.ctrlmsg()
+        m["cmd"] = n.CTRL_CMD_GETFAMILY
+        m["version"] = 1
+        m["attrs"] = []
+        with pytest.raises(KeyboardInterrupt):
+            nl._exchange(m, n.GENL_ID_CTRL, n.NLM_F_REQUEST | n.NLM_F_DUMP, Boom)
+        assert nl._unfinished
+        names = _families(nl)  # reads what was left first
+        assert "nlctrl" in names and not nl._unfinished
+        assert nl._resolve("nlctrl") == n.GENL_ID_CTRL
+
+
+def test_a_closed_socket_is_one_clear_error():
+    nl = n.L2tpNetlink("nlctrl")
+    nl.close()
+    with pytest.raises(errors.KernelError, match="netlink socket"):
+        nl._request(n.build_tunnel_get(1), n.NLM_F_REQUEST, "tunnel 1", "get")

@@ -55,7 +55,8 @@ class Harness:
         self.p, self.srv, self.baseline = p, srv, -1
 
     def ask(self, serve) -> tuple[int, int, str]:
-        """One px_request; ``serve(conn)`` answers it.  Returns (result, open fds, why)."""
+        """One px_request; ``serve(conn)`` answers it.  Returns (result, open fds, why);
+        fails if why holds a byte that is not printable ASCII."""
         self.p.stdin.write("go\n")
         self.p.stdin.flush()
         conn, _ = self.srv.accept()
@@ -68,7 +69,8 @@ class Harness:
             conn.close()
         line = self.p.stdout.readline()
         assert line, f"the harness died: {self.p.stderr.read()[-3000:]}"
-        r, n, why = line.rstrip("\n").split(" ", 2)
+        r, n, bad, why = line.rstrip("\n").split(" ", 3)
+        assert bad == "0", f"{bad} byte(s) that are not printable ASCII reach pppd's log: {why}"
         return int(r), int(n), why
 
 

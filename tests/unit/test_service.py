@@ -18,9 +18,9 @@ from pipexctl.offload.datapath import NullDataPath
 from pipexctl.offload.server import OffloadServer
 
 
-def call(cid, tid=100):
+def call(cid, tid=100, pid=4242):
     return CallInfo(instance="xl2tpd", role="lns", peer="192.0.2.7", peer_port=1701, tunnel_id=tid,
-                    peer_tunnel_id=200, call_id=cid, peer_call_id=cid + 1000, pppd_pid=4242, data_path="kernel")
+                    peer_tunnel_id=200, call_id=cid, peer_call_id=cid + 1000, pppd_pid=pid, data_path="kernel")
 
 
 @pytest.fixture
@@ -97,3 +97,74 @@ def test_an_interrupt_mid_offload_is_undone_too(svc):
     with pytest.raises(KeyboardInterrupt):
         svc.offload(call(1), 4242, hand_off=hand_off)
     nothing_left(svc)
+
+
+# The hand-off runs without the service's lock: what other threads may do meanwhile.
+
+def _sleeper():
+    import subprocess
+
+    return subprocess.Popen(["sleep", "60"])
+
+
+def test_a_failed_hand_off_leaves_a_newer_call_with_the_same_id_alone(svc):
+    """pppd 1 exits during its hand-off, the watcher ends its call, xl2tpd
+    gives the id to pppd 2, which is offloaded; then pppd 1's hand-off fails."""
+    p1, p2 = _sleeper(), _sleeper()
+    try:
+        held = []  # pppd 2's channel (the null backend has no pppd holding a copy: kept open here)
+
+        def hand_off(meta, fds):
+            with svc.lock:
+                svc._end_call(svc.tunnels[("xl2tpd", 100)], 1, "ended (pppd exited)")
+            held.append(svc.offload(call(1, pid=p2.pid), p2.pid)[0])
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+        with pytest.raises(BrokenPipeError):
+            svc.offload(call(1, pid=p1.pid), p1.pid, hand_off=hand_off)
+        ts = svc.tunnels[("xl2tpd", 100)]
+        assert ts.records[1].pppd_pid == p2.pid
+        assert [s.session_id for s in svc.backend.session_dump()] == [1]  # pppd 1's channel closed, not pppd 2's
+        held[0].close()
+    finally:
+        p1.kill()
+        p2.kill()
+
+
+def test_a_tunnel_reported_down_during_a_failed_hand_off_goes(svc):
+    from pipexctl.discovery.state import TunnelDown, TunnelInfo
+
+    pa, pb = _sleeper(), _sleeper()
+    try:
+        svc.offload(call(1, pid=pa.pid), pa.pid)[0].close()
+        with svc.lock:
+            svc._end_call(svc.tunnels[("xl2tpd", 100)], 1, "ended")  # the tunnel stays, as after a pppd exit
+
+        def hand_off(meta, fds):
+            svc.handle([TunnelDown(tunnel=TunnelInfo(instance="xl2tpd", tunnel_id=100, peer_tunnel_id=200,
+                                                     peer="192.0.2.7"), reason="StopCCN")])
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+        with pytest.raises(BrokenPipeError):
+            svc.offload(call(2, pid=pb.pid), pb.pid, hand_off=hand_off)
+        nothing_left(svc)
+    finally:
+        pa.kill()
+        pb.kill()
+
+
+def test_the_hand_off_sends_its_own_copy_of_the_tunnel_socket(svc):
+    import os
+
+    seen = []
+
+    def hand_off(meta, fds):
+        ts = svc.tunnels[("xl2tpd", 100)]
+        seen.append((fds[1] != ts.sock.fileno(), os.path.samestat(os.fstat(fds[1]), os.fstat(ts.sock.fileno()))))
+        with svc.lock:  # the tunnel dropped meanwhile (its xl2tpd exited): the copy stays valid
+            svc.drop_tunnel(("xl2tpd", 100), "xl2tpd exited")
+        os.fstat(fds[1])
+
+    ch, _ = svc.offload(call(1), 4242, hand_off=hand_off)
+    ch.close()
+    assert seen == [(True, True)]

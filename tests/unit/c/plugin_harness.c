@@ -45,7 +45,7 @@ static int open_fds(void)
 int main(int argc, char **argv)
 {
 	char line[16], why[512];
-	int r;
+	int r, bad;
 
 	if (argc != 2 || strlen(argv[1]) >= sizeof(px_socket))
 		return 2;
@@ -60,10 +60,15 @@ int main(int argc, char **argv)
 				close(px_tunnel_fd);
 			px_fd = px_tunnel_fd = -1;
 		}
+		/* how many bytes of why are not printable ASCII (the plugin must
+		 * let none into pppd's log), then why with those shown as '?' */
+		bad = 0;
 		for (char *p = why; *p; p++)
-			if (*p == '\n' || (unsigned char)*p < 0x20)
+			if (*p < 0x20 || *p >= 0x7f) {
+				bad++;
 				*p = '?';
-		printf("%d %d %s\n", r, open_fds(), why);
+			}
+		printf("%d %d %d %s\n", r, open_fds(), bad, why);
 		fflush(stdout);
 	}
 	return 0;

@@ -175,3 +175,21 @@ def test_tunnel_reply_decoding():
     t = nl.parse_tunnel(msg)
     assert (t.tunnel_id, t.peer_tunnel_id, t.version, t.encap) == (100, 200, 3, Encap.udp)
     assert str(t.local) == "10.98.0.1:5000" and str(t.remote) == "10.98.0.2:5001" and t.udp_csum is False
+
+
+def test_session_ids_read_from_the_raw_answer_match_the_decoder():
+    """session_ids() reads CONN_ID and SESSION_ID without pyroute2's decoder:
+    the same values as the decoder's, whatever the attributes around them."""
+    from pipexctl.kernel import netlink as n
+
+    for attrs in ([("L2TP_ATTR_CONN_ID", 70000), ("L2TP_ATTR_SESSION_ID", 65535)],
+                  [("L2TP_ATTR_PEER_SESSION_ID", 9), ("L2TP_ATTR_IFNAME", "l2tpeth12345"),
+                   ("L2TP_ATTR_SESSION_ID", 1), ("L2TP_ATTR_COOKIE", b"\x01\x02\x03"), ("L2TP_ATTR_CONN_ID", 4)],
+                  [("L2TP_ATTR_STATS", {"attrs": [("L2TP_ATTR_TX_PACKETS", 5)]}), ("L2TP_ATTR_CONN_ID", 3)]):
+        m = n._msg(n.uapi.L2TP_CMD_SESSION_GET, attrs)
+        m["header"]["type"] = 30
+        m.encode()
+        data = b"pad!" + bytes(m.data)  # not at offset 0, as in a multi-message answer
+        d = n.l2tpmsg(data[4:])
+        d.decode()
+        assert n._ids(data, 4, len(data) - 4) == (d.get_attr("L2TP_ATTR_CONN_ID"), d.get_attr("L2TP_ATTR_SESSION_ID"))

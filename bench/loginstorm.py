@@ -84,11 +84,12 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--k", default="25,100", help="comma-separated numbers of calls dialled at once (at most 153)")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--cases", default="c,d", help="c (kernel mode), d (pipexctl) or both")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
     rows = []
     for k in (int(x) for x in a.k.split(",") if x):
-        for offload in (False, True):
+        for offload in [o for c, o in (("c", False), ("d", True)) if c in a.cases.split(",")]:
             r = storm(k, offload, a.timeout)
             r["case"] = "d-pipexctl" if offload else "c-xl2tpd-kernel"
             rows.append(r)

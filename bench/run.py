@@ -266,11 +266,13 @@ def main() -> int:
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"
     md += f"\nGuest run: {r.total_seconds / 60:.1f} min.\n"
     # the daemons' own logs of case (d): each offload's split (discovery wait, lock wait, kernel + nft)
-    logs = sorted(r.results_dir.glob("*-serve.log"))
+    logs = sorted(r.results_dir.glob("*-serve.log")) + sorted(r.results_dir.glob("storm-*/*.log"))
     if logs:
         (out / f"{stamp}-logs").mkdir(exist_ok=True)
         for f in logs:
-            shutil.copy(f, out / f"{stamp}-logs" / f.name)
+            # the login storm's LNS logs: storm-K-lns-serve.log, storm-K-lns-xl2tpd.log
+            name = f"{f.parent.name}-{f.name}" if f.parent.name.startswith("storm-") else f.name
+            shutil.copy(f, out / f"{stamp}-logs" / name)
         md += f"Daemon logs of (d): bench/results/{stamp}-logs/\n"
     (out / f"{stamp}.md").write_text(md)
     shutil.rmtree(r.results_dir, ignore_errors=True)

@@ -414,8 +414,9 @@ class L2tpNetlink:
 
     def _exchange(self, msg, msg_type: int, flags: int, cls=None) -> list:
         """Send ``msg``; return the replies of its sequence number, decoded
-        as ``cls``.  Ends at the ack (requests) or NLMSG_DONE (dumps); an
-        error answer raises NetlinkError(code)."""
+        as ``cls`` (a message class), or what ``cls(data, offset, length)``
+        makes of each raw reply.  Ends at the ack (requests) or NLMSG_DONE
+        (dumps); an error answer raises NetlinkError(code)."""
         if self._unfinished:
             self._drain()
         self._seq = seq = self._seq % 0x7FFFFFFF + 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from .. import errors
 from ..discovery.state import CallDown, TunnelDown
@@ -72,6 +72,16 @@ class Endings:
         if sync:
             self.save()
 
+    def _drop_when_empty(self, ts: "TunnelState", why: Optional[str]) -> bool:
+        """The one rule for a tunnel left without calls: it goes when there is
+        a reason (discovery reported its end, or it was made for a call that
+        never started); the caller writes the state file."""
+        key = (ts.instance, ts.tunnel_id)
+        if why is None or ts.records or self.tunnels.get(key) is not ts:
+            return False
+        self.drop_tunnel(key, why, sync=False)
+        return True
+
     @staticmethod
     def gone_ok(fn) -> None:
         errors.gone_ok(fn, log)
@@ -104,8 +114,7 @@ class Endings:
                          "until pppd exits", e.call.call_id, ts.tunnel_id, e.reason, rec.pppd_pid)
                 return
             self._end_call(ts, e.call.call_id, f"ended ({e.reason}): offload removed")
-            if ts.down is not None and not ts.records:
-                self.drop_tunnel((ts.instance, ts.tunnel_id), ts.down, sync=False)
+            self._drop_when_empty(ts, ts.down)
             self.save()
         elif isinstance(e, TunnelDown):
             key = (e.tunnel.instance, e.tunnel.tunnel_id)
@@ -158,9 +167,7 @@ class Endings:
                 for cid in [c for c, r in ts.records.items() if r.pppd_pid in dead]:
                     self._end_call(ts, cid, f"ended (pppd {ts.records[cid].pppd_pid} exited): offload removed")
                     changed = True
-                if ts.down is not None and not ts.records:
-                    self.drop_tunnel(key, ts.down, sync=False)
-                    changed = True
+                changed |= self._drop_when_empty(ts, ts.down)
             if changed:
                 self.save()
 

@@ -201,10 +201,8 @@ class OffloadService(Endings):
                 # only this pppd's record: its call may have ended meanwhile, and xl2tpd given the id to a new one
                 if ts.records.get(call.call_id) is rec:
                     self._end_call(ts, call.call_id, "not taken by its pppd: offload removed")
-                key = (ts.instance, ts.tunnel_id)
-                if not ts.records and (made_tunnel or ts.down is not None) and self.tunnels.get(key) is ts:
-                    self.drop_tunnel(key, ts.down or f"its first call {call.call_id} was not taken by its pppd",
-                                     sync=False)
+                self._drop_when_empty(ts, ts.down or (f"its first call {call.call_id} was not taken by its pppd"
+                                                      if made_tunnel else None))
                 self.save()
             raise
         finally:

@@ -167,6 +167,8 @@ class Discovery:
         for spec in controls[len(logs):]:  # control pipes without a log
             self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
         self._backend = None
+        # instance -> (monotonic time its status-lns request was sent, {(tunnel_id, call_id)} it listed)
+        self.listed: dict[str, tuple[float, frozenset[tuple[int, int]]]] = {}
         self.warnings: list[str] = []
         self.tracker.notes = self.warnings  # one list: the tracker's notes are discovery's warnings
 
@@ -193,6 +195,20 @@ class Discovery:
                     ev += self.tracker.apply(s.name, rec)
         return ev
 
+    def listed_by_control(self, call: CallInfo, since: float) -> Optional[bool]:
+        """Whether xl2tpd's control pipe listed LNS ``call`` in its tunnel, in
+        an answer asked for after ``since`` (monotonic); None when there is
+        no such answer (yet) or no control pipe for its xl2tpd."""
+        when, listed = self.listed.get(call.instance, (float("-inf"), frozenset()))
+        if when < since:
+            return None
+        if call.tunnel_id is None:  # not yet placed in a tunnel: its id in any
+            return any(cid == call.call_id for _, cid in listed)
+        return (call.tunnel_id, call.call_id) in listed
+
+    def has_control(self, instance: str) -> bool:
+        return any(s.control is not None for s in self.sources if s.name == instance)
+
     def ask_control(self) -> list[Event]:
         """Ask every control pipe now (tunnels, and which tunnel holds each LNS call)."""
         return self._reconcile_control()
@@ -203,6 +219,7 @@ class Discovery:
         for s in self.sources:
             if s.control is None:
                 continue
+            asked = time.monotonic()
             try:
                 av = s.control.available()
                 # a LAC-only xl2tpd has no LNS section: nothing to ask status-lns about
@@ -215,6 +232,9 @@ class Discovery:
             for tid in [t for t in ins.tunnels if t not in live_tids]:
                 ev += self.tracker._tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
             by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
+            self.listed[s.name] = (asked, frozenset((by_peer_tid[st.peer_tunnel_id], cid) for tunnels in status.values()
+                                                    for st in tunnels if st.peer_tunnel_id in by_peer_tid
+                                                    for cid in st.calls))
             lns_calls: set[int] = set()
             for section, tunnels in status.items():
                 for st in tunnels:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import socket
 import subprocess
+import time
 from typing import Optional, Protocol
 
 from .. import errors, netns as _netns
@@ -80,6 +81,7 @@ class KernelDataPath:
     def __init__(self, l2tp_port: int = 1701, netns: Optional[str] = None) -> None:
         self.l2tp_port, self.netns = l2tp_port, netns
         self.relay = Relay(l2tp_port, netns)
+        self._check_warned = float("-inf")
         self.steering = Steering(Nft(netns), l2tp_port)
 
     def local_for(self, peer: str, peer_port: int) -> str:
@@ -156,7 +158,13 @@ class KernelDataPath:
         sock.close()
 
     def check(self) -> None:
-        errors.quietly(self.steering.check, log)
+        try:
+            self.steering.check()
+        except errors.PipexError as e:  # retried every half second: said once a minute
+            now = time.monotonic()
+            if now - self._check_warned >= 60:
+                self._check_warned = now
+                log.warning("cannot restore the twins' steering (retried twice a second): %s", e)
 
     def watching(self) -> bool:
         """The twins' table exists and must be checked twice a second."""

@@ -30,7 +30,7 @@ def status(svc: "OffloadService") -> dict:
                          "sessions": sorted(t.records), "holds_socket": t.sock is not None,
                          "pppd_pids": {c: r.pppd_pid for c, r in t.records.items()}}
                         for t in svc.tunnels.values()],
-            "stats": dict(svc.stats),
+            "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked},
             "datapath": svc.datapath.stats(),
             "reconcile": svc.last_reconcile,
             "channel_latency_ms": percentiles([x * 1000 for x in svc.latencies_now()]),

@@ -47,10 +47,11 @@ from .watch import CallWatch
 
 log = logging.getLogger("pipexctl.serve")
 
-# Failpoints for the fault tests (tests/kernel/test_faults.py): with
-# PIPEXCTL_FAILPOINT=<name> in its environment the daemon kills itself with
-# SIGKILL at that point of the offload sequence, as a crash or an OOM kill
-# there would.  Unset (always, in production) they cost one set lookup.
+# Failpoints for the fault tests (tests/kernel/test_faults.py, test_trust.py):
+# with PIPEXCTL_FAILPOINT=<name> in its environment the daemon kills itself
+# with SIGKILL at that point of the offload sequence, as a crash or an OOM
+# kill there would; <name>@<seconds> stalls there instead, as a daemon
+# starved of CPU would.  Unset (always, in production) they cost one lookup.
 FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "state-saved", "channel-sent")
 
 # seconds, request -> channel sent: Prometheus histogram bounds
@@ -60,13 +61,20 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 HandOff = Callable[[dict, list], None]
 
 
-def _failpoints() -> frozenset:
-    names = frozenset(n for n in os.environ.get("PIPEXCTL_FAILPOINT", "").split(",") if n)
-    unknown = names - set(FAILPOINTS)
+def _failpoints() -> dict[str, Optional[float]]:
+    """name -> seconds to stall there, or None: SIGKILL there."""
+    points: dict[str, Optional[float]] = {}
+    for spec in filter(None, os.environ.get("PIPEXCTL_FAILPOINT", "").split(",")):
+        name, _, secs = spec.partition("@")
+        try:
+            points[name] = float(secs) if secs else None
+        except ValueError:
+            raise errors.InvalidArgumentError(f"PIPEXCTL_FAILPOINT: {spec!r}: seconds must be a number") from None
+    unknown = set(points) - set(FAILPOINTS)
     if unknown:
         raise errors.InvalidArgumentError(f"PIPEXCTL_FAILPOINT: unknown {', '.join(sorted(unknown))} "
                                           f"(known: {', '.join(FAILPOINTS)})")
-    return names
+    return points
 
 
 def reason_label(e: Exception) -> str:
@@ -127,6 +135,11 @@ class OffloadService(Endings):
 
     def failpoint(self, name: str) -> None:
         if name in self.failpoints:
+            stall = self.failpoints[name]
+            if stall is not None:
+                log.warning("failpoint %s: stalling %.1f s", name, stall)
+                time.sleep(stall)
+                return
             log.warning("failpoint %s: SIGKILL", name)
             for h in logging.getLogger().handlers:
                 h.flush()

@@ -99,6 +99,7 @@ class CallWatch:
         self.wake = FdEvent()  # reload, or a request waiting for its line
         self.waiting = 0  # requests inside call_of (under lock)
         self.active = float("-inf")  # monotonic time of the last event or request
+        self.unchecked = 0  # calls offloaded on the log's word: the control pipe did not answer
 
     def first_read(self) -> None:
         """The start's read of every source (the state is reconciled as a whole after it)."""
@@ -130,33 +131,57 @@ class CallWatch:
                 self.waiting -= 1
 
     def _call_of(self, pid: int, end: float) -> tuple[Optional[CallInfo], str]:
-        asked, kicked = 0.0, False
+        # xl2tpd lists a call from its ICRQ on, before it forks the call's
+        # pppd: a control answer asked for after this pppd asked lists its call
+        since = time.monotonic()
+        asked, kicked = float("-inf"), False
+        refuted: dict[tuple, CallInfo] = {}
         while True:
             self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
             self.pending += self.d.observe_process(pid)
             claims = [c for c in self.d.tracker.calls() if c.pppd_pid == pid]
+            verdict = {id(c): self._listed(c, since) for c in claims}
+            # a line naming a call xl2tpd does not list is a forged one: passed over
+            self._refute(refuted, pid, [c for c in claims if verdict[id(c)] is False])
+            claims = [c for c in claims if verdict[id(c)] is not False]
             if len(claims) > 1:
                 # xl2tpd logs one "Call established ... PID:" per pppd: a second
                 # claim is a forged line, and which is true cannot be told
                 return None, (f"{len(claims)} calls name pppd {pid} (calls "
                               f"{', '.join(str(c.call_id) for c in claims)}): a forged log line?")
             mine = claims[0] if claims else None
-            if mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id):
+            complete = mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id)
+            if complete and verdict[id(mine)] is not None:
                 why = _argv_disagrees(pid, mine)
                 return (None, why) if why else (mine.copy(), "")
-            if mine is not None and time.monotonic() - asked > 0.5:
-                # known but not its tunnel: an LNS log names only the peer's
-                # address, ambiguous with several tunnels from one peer;
-                # xl2tpd's control pipe (status-lns) says which
+            if (mine is not None or refuted) and time.monotonic() - asked > 0.5:
+                # the control pipe (status-lns) says which tunnel holds each
+                # call: an LNS log names only the peer's address, ambiguous
+                # with several tunnels from one peer; and a claim is checked there
                 asked = time.monotonic()
+                before = [c.copy() for c in claims]
                 nw = len(self.d.warnings)
                 self.pending += self.d.ask_control()
-                for w in self.d.warnings[nw:]:
+                failed = self.d.warnings[nw:]
+                for w in failed:
                     log.warning("discovery: %s", w)
                 del self.d.warnings[nw:]
+                # the answer also ends a call it does not list in the model: judged here
+                self._refute(refuted, pid, [c for c in before if self._listed(c, since) is False])
+                if complete and failed and self._listed(mine, since) is None:
+                    # xl2tpd did not answer: the log's word, checked against pppd's argv
+                    log.warning("call %d of pppd %d not checked against xl2tpd's control pipe (no answer)",
+                                mine.call_id, pid)
+                    self.unchecked += 1
+                    why = _argv_disagrees(pid, mine)
+                    return (None, why) if why else (mine.copy(), "")
                 continue
             left = end - time.monotonic()
             if left <= 0:
+                if refuted and mine is None:
+                    c = next(iter(refuted.values()))
+                    return None, (f"the log names call {c.call_id} of tunnel {c.tunnel_id} for pppd {pid}, but "
+                                  f"xl2tpd's control pipe does not list it: a forged log line?")
                 return None, (f"call {mine.call_id} known, but not yet its tunnel/peer ids (tunnel "
                               f"{mine.tunnel_id}, peer tunnel {mine.peer_tunnel_id}, peer call "
                               f"{mine.peer_call_id})" if mine else "no call names this pid")
@@ -164,6 +189,23 @@ class CallWatch:
                 kicked = True
                 self.wake.kick()
             self.polled.wait(min(left, 1.0))
+
+    @staticmethod
+    def _refute(refuted: dict, pid: int, calls: list[CallInfo]) -> None:
+        for c in calls:
+            key = (c.instance, c.tunnel_id, c.call_id)
+            if key not in refuted:
+                refuted[key] = c.copy()
+                log.warning("pppd %d: the log names call %d of tunnel %s for it, but xl2tpd's control pipe does "
+                            "not list that call: passed over (a forged log line?)", pid, c.call_id, c.tunnel_id)
+
+    def _listed(self, c: CallInfo, since: float) -> Optional[bool]:
+        """The control pipe's word on claim ``c``: True or False, None when
+        it has not answered since ``since``.  True when there is nothing to
+        ask (a LAC's call; an xl2tpd without a control pipe given)."""
+        if c.role != "lns" or not self.d.has_control(c.instance):
+            return True
+        return self.d.listed_by_control(c, since)
 
     def calls(self) -> list[CallInfo]:
         """Copies of the calls discovery knows."""

@@ -23,11 +23,13 @@ import pytest
 
 from pipexctl import errors
 from pipexctl.offload.client import ask
-from pipexctl.testing.lab import _xl2tpd_pid
+from pipexctl.testing.lab import Lab, _xl2tpd_pid, plugin_options
+from pipexctl.testing.lab import kernel_objects as objects
+from pipexctl.testing.probe import ppp_peer_addrs
 
 from .conftest import ip_l2tp, wait_until
 from .test_offload import lab  # noqa: F401  (the userspace-mode lab fixture, shared)
-from .test_offload import PLUGIN, WITH_PLUGIN, kernel_objects, offloaded_call, ping
+from .test_offload import PLUGIN, WITH_PLUGIN, kernel_objects, offloaded_call, ping, ppp_up, pty_fds
 
 pytestmark = pytest.mark.kernel
 
@@ -211,3 +213,160 @@ def test_a_socket_in_a_shared_directory_is_refused_and_the_directory_left_alone(
     finally:
         p.terminate()
         p.wait(30)
+
+
+# LD_PRELOAD into the LNS's xl2tpd: after it forks a pppd, the parent writes
+# the child's pid to $PX_FORKED and stalls 1.5 s before going on (and so
+# before its "Call established ... PID:" line); the child (pppd) runs without it
+SLOW_FORK = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+pid_t fork(void) {
+    pid_t (*real)(void) = (pid_t (*)(void))dlsym(RTLD_NEXT, "fork");
+    pid_t pid = real();
+    if (pid == 0) {
+        unsetenv("LD_PRELOAD");
+    } else if (pid > 0) {
+        const char *f = getenv("PX_FORKED");
+        FILE *o = f ? fopen(f, "a") : NULL;
+        if (o) { fprintf(o, "%d\\n", pid); fclose(o); }
+        struct timespec ts = {1, 500000000};
+        nanosleep(&ts, NULL);
+    }
+    return pid;
+}
+"""
+
+
+def test_a_forged_call_line_written_before_xl2tpds_own_is_passed_over(tmp_path):
+    """The forger sees xl2tpd's new pppd in /proc and writes "Call established
+    ... PID: <it>" with ids of its choosing before xl2tpd's own line (xl2tpd
+    is slowed after its fork to make the race certain).  xl2tpd's control
+    pipe does not list the forged call: the request passes it over, waits
+    for xl2tpd's line and offloads the real call with the real peer ids."""
+    src, so, forked = tmp_path / "slowfork.c", tmp_path / "slowfork.so", tmp_path / "forked"
+    src.write_text(SLOW_FORK)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"], check=True)
+    lab = Lab(kernel_mode=False, lns_env={"LD_PRELOAD": str(so), "PX_FORKED": str(forked)}).setup(1)
+    try:
+        lab.start_all(WITH_PLUGIN)
+        l1 = lab.lacs[0]
+        lab.serve_all([lab.lns, l1])
+        xpid = _xl2tpd_pid(lab.lns)
+        lab.control(l1, "c lns")
+        wait_until(lambda: forked.exists() and forked.read_text().strip(), "xl2tpd forked a pppd", timeout=60,
+                   detail=lab.tails, interval=0.02)
+        pid = int(forked.read_text().split()[0])
+        with open(lab.lns.log, "a") as f:
+            f.write(f"xl2tpd[{xpid}]: Call established with {l1.local}, PID: {pid}, Local: 4242, Remote: 4243, "
+                    f"Serial: 9\n")
+        wait_until(lambda: f"PID: {pid}, Local:" in lab.lns.log.read_text().split("Serial: 9", 1)[-1],
+                   "xl2tpd's own line, after the forged one", timeout=30, detail=lab.tails)
+        wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", timeout=90, detail=lab.tails)
+        wait_until(lambda: objects(lab.lns.ns)["sessions"] == 1, "the call offloaded on the LNS", timeout=30,
+                   detail=lambda: serve_log(lab, lab.lns)[-3000:])
+        (s,) = ip_l2tp(lab.lns.ns, "session")
+        (lac_s,) = ip_l2tp(l1.ns, "session")
+        assert s["session_id"] != 4242
+        assert (s["peer_tunnel_id"], s["peer_session_id"]) == (lac_s["tunnel_id"], lac_s["session_id"])
+        ok, out = ping(l1.ns, "10.99.100.1")
+        assert ok, out
+        log = serve_log(lab, lab.lns)
+        assert f"pppd {pid}: the log names call 4242" in log and "passed over (a forged log line?)" in log, log[-3000:]
+        assert lab.serve_status(lab.lns)["stats"]["refused"] == 0
+    finally:
+        lab.teardown()
+
+
+def test_a_plugin_that_gives_up_mid_offload_leaves_nothing_and_its_call_on_the_pty():
+    """The LNS daemon stalls 8 s between the session and the channel (a
+    daemon starved of CPU); the plugin gives up after 3 s and pppd goes on
+    on its pty.  The daemon finds no pppd to take the channel and removes
+    what it made; the call carries traffic on the pty (the LAC's side is
+    offloaded: a kernel session talks to a userspace xl2tpd as to any peer)."""
+    lab = Lab(kernel_mode=False).setup(1)
+    try:
+        lab.start_all(plugin_options(required=False) + "pipexctl_timeout 3\n")
+        l1 = lab.lacs[0]
+        lab.serve(lab.lns, env={"PIPEXCTL_FAILPOINT": "session-created@8"})
+        lab.serve(l1)
+        lab.connect(l1)
+        wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", timeout=90, detail=lab.tails)
+        wait_until(lambda: lab.serve_status(lab.lns)["stats"]["failed"] == 1, "the LNS offload failed", timeout=60,
+                   detail=lambda: serve_log(lab, lab.lns)[-3000:])
+        objs = objects(lab.lns.ns)
+        assert (objs["tunnels"], objs["sessions"], objs["pppol2tp_sessions"]) == (0, 0, 0), objs
+        assert lab.serve_status(lab.lns)["tunnels"] == []
+        (pid,) = lab.pppds(lab.lns)
+        assert pty_fds(pid), "the LNS pppd is not on its pty"
+        assert objects(l1.ns)["sessions"] == 1
+        ok, out = ping(l1.ns, "10.99.100.1")
+        assert ok, out
+        log = serve_log(lab, lab.lns)
+        assert "failpoint session-created: stalling 8.0 s" in log and "not taken by its pppd: offload removed" in log
+        # and the next call is offloaded as usual
+        lab.disconnect(l1)
+        wait_until(lambda: not lab.pppds(lab.lns), "the call ended", timeout=60, detail=lab.tails)
+    finally:
+        lab.teardown()
+
+
+def _conflicting_table(ns: str) -> None:
+    """A table named as the daemon's, with a map of another type (what an
+    older schema or another tool could leave): every steering transaction
+    the daemon sends fails in the kernel."""
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], check=True, text=True,
+                   input="add table ip pipexctl\nadd map ip pipexctl twins { type ipv4_addr : ipv4_addr ; }\n")
+
+
+def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():
+    """Two tunnels from one LAC address and port: on Linux 6.1 the second is
+    a twin, offloaded only with nft steering.  While nft fails (from the
+    daemon's start, and through a SIGHUP), the twin's call goes on on its
+    pty with a reason and the daemon keeps serving; once nft works again the
+    next twin call is offloaded."""
+    lab = Lab(kernel_mode=False, sections=2).setup(1)
+    try:
+        lab.start_all(plugin_options(required=False))
+        l1 = lab.lacs[0]
+        _conflicting_table(lab.lns.ns)
+        srv = lab.serve(lab.lns)
+        lab.serve(l1)
+        first, second = lab.section_names()
+        lab.connect(l1, section=first)
+        wait_until(lambda: objects(lab.lns.ns)["sessions"] == 1, "the first call offloaded", timeout=60,
+                   detail=lab.tails)
+        lab.connect(l1, section=second)
+        wait_until(lambda: len(ppp_peer_addrs(l1.ns)) == 2, "both calls up", timeout=90, detail=lab.tails)
+        wait_until(lambda: lab.serve_status(lab.lns)["stats"]["failed"] == 1, "the twin's offload failed",
+                   timeout=60, detail=lambda: serve_log(lab, lab.lns)[-3000:])
+        assert objects(lab.lns.ns)["sessions"] == 1
+        for addr in ppp_peer_addrs(l1.ns).values():
+            ok, out = ping(l1.ns, addr)
+            assert ok, (addr, out)
+        at = len(serve_log(lab, lab.lns))
+        os.kill(srv.pid, 1)  # SIGHUP: the reconcile's nft transaction fails too
+        wait_until(lambda: "reloaded (SIGHUP)" in serve_log(lab, lab.lns)[at:], "the reload", timeout=60,
+                   detail=lambda: serve_log(lab, lab.lns)[-3000:])
+        assert srv.poll() is None and answers(lab.serve_socket(lab.lns))
+        log = serve_log(lab, lab.lns)
+        assert "nftables rejected the steering" in log and "Traceback" not in log, log[-3000:]
+        # nft works again: the twin's next call is offloaded, its steering written
+        subprocess.run(["ip", "netns", "exec", lab.lns.ns, "nft", "delete", "table", "ip", "pipexctl"], check=True)
+        lab.disconnect(l1, section=second)
+        wait_until(lambda: len(ppp_peer_addrs(l1.ns)) == 1, "the twin's call ended", timeout=60, detail=lab.tails)
+        lab.connect(l1, section=second)
+        wait_until(lambda: objects(lab.lns.ns)["sessions"] == 2, "the twin's next call offloaded",
+                   timeout=90, detail=lambda: serve_log(lab, lab.lns)[-3000:])
+        assert objects(lab.lns.ns)["nft_rules"] == 3
+        wait_until(lambda: len(ppp_peer_addrs(l1.ns)) == 2, "both calls up again", timeout=90, detail=lab.tails)
+        for addr in ppp_peer_addrs(l1.ns).values():
+            ok, out = ping(l1.ns, addr)
+            assert ok, (addr, out)
+        assert srv.poll() is None
+    finally:
+        lab.teardown()

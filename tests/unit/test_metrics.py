@@ -253,9 +253,12 @@ def test_an_unknown_failpoint_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved,tunnel-made")
     with pytest.raises(errors.InvalidArgumentError, match="unknown tunnel-made"):
         OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
-    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved")
+    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved@x")
+    with pytest.raises(errors.InvalidArgumentError, match="seconds must be a number"):
+        OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
+    monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved,session-created@2.5")
     s = OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
-    assert s.service.failpoints == {"state-saved"}
+    assert s.service.failpoints == {"state-saved": None, "session-created": 2.5}
 
 
 def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(tmp_path):

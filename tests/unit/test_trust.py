@@ -274,3 +274,95 @@ def test_the_call_must_be_for_the_peer_xl2tpd_started_the_pppd_for(watched, ippa
     finally:
         pppd.kill()
         pppd.wait()
+
+
+class StubControl:
+    """xl2tpd's control pipe as ``available`` and ``status-lns`` parse it:
+    tunnel 28398 (the peer's 28399) holding ``calls``; or no answer."""
+
+    pipe = "stub-control"
+
+    def __init__(self, calls, answers=True):
+        self.calls, self.answers, self.asked = calls, answers, 0
+
+    def available(self):
+        from pipexctl.discovery import control
+
+        self.asked += 1
+        if not self.answers:
+            raise control.ControlError("no reply from xl2tpd within 2.0 s")
+        return control.Available(lns=["default"], tunnels=[control.AvailableTunnel(28399, 28398, len(self.calls))])
+
+    def status_lns(self, name):
+        from pipexctl.discovery import control
+
+        return [control.StatusTunnel(28399, "10.99.1.2", 1701, {c: control.StatusCall(c) for c in self.calls})]
+
+
+def _with_control(w, stub):
+    (source,) = w.d.sources
+    source.control = stub
+    return stub
+
+
+def _pppd_for(peer="10.99.1.2"):
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ipparam", peer])
+
+
+def test_a_forged_call_line_written_before_xl2tpds_own_is_passed_over(watched):
+    """The forger sees the new pppd in /proc and writes its line first, with
+    ids of its choosing; xl2tpd's control pipe does not list that call, so
+    the request waits for xl2tpd's own line and gets the real call."""
+    w, log = watched
+    stub = _with_control(w, StubControl([100]))
+    pppd = _pppd_for()
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 4242))  # the forged one (its tunnel line is real: the same text)
+        def real_line_later():
+            time.sleep(0.8)
+            with log.open("a") as f:
+                f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: {pppd.pid}, Local: 100, Remote: 101, "
+                        f"Serial: 2\n")
+        import threading
+
+        t = threading.Thread(target=real_line_later)
+        t.start()
+        call, why = w.call_of(pppd.pid, 3.0)
+        t.join()
+        assert call is not None, why
+        assert (call.tunnel_id, call.call_id, call.peer_call_id) == (28398, 100, 101)
+        assert stub.asked >= 1 and w.unchecked == 0
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
+def test_a_call_the_control_pipe_does_not_list_is_refused(watched):
+    w, log = watched
+    _with_control(w, StubControl([100]))
+    pppd = _pppd_for()
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 4242))
+        call, why = w.call_of(pppd.pid, 1.0)
+        assert call is None and "does not list it: a forged log line?" in why, why
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_a_listed_call_is_given_and_a_silent_control_pipe_leaves_the_logs_word_counted(watched, answers):
+    w, log = watched
+    stub = _with_control(w, StubControl([100], answers=answers))
+    pppd = _pppd_for()
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 100))
+        call, why = w.call_of(pppd.pid, 1.0)
+        assert call is not None and call.call_id == 100, why
+        assert stub.asked == 1 and w.unchecked == (0 if answers else 1)
+    finally:
+        pppd.kill()
+        pppd.wait()

@@ -8,7 +8,11 @@ Two rounds per K, in one boot:
   plugin: time until every call is up and offloaded (K PPP links, and K
   PPPoL2TP sessions in /proc/net/pppol2tp), and the request -> channel
   latency from the daemon's own records.
-The LACs run xl2tpd's kernel mode in both rounds, so their cost is the same.
+- (s) as (d), with a client scraping the daemon's Prometheus endpoint back
+  to back for the whole storm: what a scrape loop costs the offloads
+  (both (d) and (s) run with `--metrics`, so the only difference is the
+  scraping).
+The LACs run xl2tpd's kernel mode in every round, so their cost is the same.
 Not a test: it asserts nothing.
 
     python -m pipexctl.testing.vm --memory 4096 -- .venv/bin/python bench/loginstorm.py --k 25,100
@@ -19,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,13 +44,35 @@ def pppol2tp_sessions(ns: str) -> int:
     return sum(1 for line in text.splitlines() if line.lstrip().startswith("SESSION '"))
 
 
-def storm(k: int, offload: bool, timeout: float) -> dict:
+METRICS_PORT = 9479
+
+
+def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
+    """GET /metrics from the daemon in ``ns``, back to back, until ``stop``."""
+    with netns.enter(ns):
+        while not stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", METRICS_PORT), timeout=10) as c:
+                    c.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                    while c.recv(65536):
+                        pass
+                done[0] += 1
+            except OSError:
+                done[1] += 1
+                time.sleep(0.05)
+
+
+def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "") -> dict:
     lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="")
+    stop, scrapes = threading.Event(), [0, 0]
     try:
         lab.setup(k)
         lab.start_all(plugin_options() + "pipexctl_timeout 60\n" if offload else "")
         if offload:
-            lab.serve_all([lab.lns], "--wait", "60")
+            lab.serve_all([lab.lns], "--wait", "60", "--metrics", f"127.0.0.1:{METRICS_PORT}")
+        if scrape:
+            threading.Thread(target=scrape_loop, args=(lab.lns.ns, stop, scrapes), daemon=True).start()
+            time.sleep(1)  # the loop running before the first dial
         t0 = time.monotonic()
         for lac in lab.lacs:
             lab.control(lac, "c lns")
@@ -59,6 +87,7 @@ def storm(k: int, offload: bool, timeout: float) -> dict:
             if up is not None and (offloaded is not None or not offload):
                 break
             time.sleep(0.1)
+        stop.set()
         out = {"k": k, "dial_seconds": round(dialled, 2), "all_up_seconds": up,
                "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns)}
         if offload:
@@ -67,12 +96,15 @@ def storm(k: int, offload: bool, timeout: float) -> dict:
             out["all_offloaded_seconds"] = None if offloaded is None or up is None else max(up, offloaded)
             out["channel_latency_ms"] = st.get("channel_latency_ms")
             out["stats"] = st.get("stats")
+        if scrape:
+            out["scrapes"], out["scrape_errors"] = scrapes
         return out
     except Exception as e:  # one K's failure is a row of its own; the next K still runs
         return {"k": k, "error": f"{type(e).__name__}: {e}"[:2000]}
     finally:
+        stop.set()
         if offload and os.environ.get("PIPEXCTL_RESULTS") and lab.lns is not None:
-            d = Path(os.environ["PIPEXCTL_RESULTS"]) / f"storm-{k}"
+            d = Path(os.environ["PIPEXCTL_RESULTS"]) / f"storm-{k}{tag}"
             d.mkdir(exist_ok=True)
             for name in ("serve.log", "xl2tpd.log"):
                 if (lab.lns.dir / name).exists():
@@ -84,14 +116,15 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--k", default="25,100", help="comma-separated numbers of calls dialled at once (at most 153)")
     p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--cases", default="c,d", help="c (kernel mode), d (pipexctl) or both")
+    p.add_argument("--cases", default="c,d", help="comma-separated, in this order: c (kernel mode), d (pipexctl), "
+                   "s (pipexctl under a scrape loop); a case named twice runs twice")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
     rows = []
     for k in (int(x) for x in a.k.split(",") if x):
-        for offload in [o for c, o in (("c", False), ("d", True)) if c in a.cases.split(",")]:
-            r = storm(k, offload, a.timeout)
-            r["case"] = "d-pipexctl" if offload else "c-xl2tpd-kernel"
+        for n, case in enumerate(a.cases.split(",")):
+            r = storm(k, case != "c", a.timeout, scrape=case == "s", tag=f"-{case}{n}")
+            r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped"}[case]
             rows.append(r)
             print(json.dumps(r), flush=True)
     Path(a.out).write_text(json.dumps({"kernel": os.uname().release, "rows": rows}, indent=1))

@@ -112,7 +112,8 @@ def storm_table(st: dict) -> str:
            "| K | (c) kernel mode: all up, s | (d) pipexctl: all up and offloaded, s | d / c (target <= 1.2) "
            "| request -> channel p50 / p99 / max ms (n) |", "|---|---|---|---|---|"]
     by = {(r["k"], r["case"]): r for r in rows}
-    for k in sorted({r["k"] for r in rows}):
+    with_c = {r["k"] for r in rows if r.get("case") == "c-xl2tpd-kernel"}
+    for k in sorted(with_c or {r["k"] for r in rows}):  # the scrape rows' K has no (c)
         c, d = by.get((k, "c-xl2tpd-kernel"), {}), by.get((k, "d-pipexctl"), {})
         cs, ds = c.get("all_up_seconds"), d.get("all_offloaded_seconds")
         lat = d.get("channel_latency_ms") or {}
@@ -120,6 +121,19 @@ def storm_table(st: dict) -> str:
                    f"| {f'{ds:.1f}' if ds else d.get('error', 'not all up')} "
                    f"| {f'{ds / cs:.2f}' if cs and ds else '-'} "
                    f"| {lat.get('p50', 0):.0f} / {lat.get('p99', 0):.0f} / {lat.get('max', 0):.0f} ({lat.get('n', 0)}) |")
+    scraped = [r for r in rows if r.get("case") == "s-pipexctl-scraped"]
+    if scraped:
+        out += ["", "A scrape loop during the storm: (s) is (d) with a client fetching /metrics back to back; "
+                "every (d) and (s) round in the order run:", "",
+                "| K | case | all up and offloaded, s | request -> channel p50 / p99 / max ms (n) | scrapes |",
+                "|---|---|---|---|---|"]
+        for r in rows:
+            if r.get("case") not in ("d-pipexctl", "s-pipexctl-scraped"):
+                continue
+            lat, ds = r.get("channel_latency_ms") or {}, r.get("all_offloaded_seconds")
+            out.append(f"| {r['k']} | {r['case'][0]} | {f'{ds:.1f}' if ds else r.get('error', 'not all up')} "
+                       f"| {lat.get('p50', 0):.0f} / {lat.get('p99', 0):.0f} / {lat.get('max', 0):.0f} "
+                       f"({lat.get('n', 0)}) | {r.get('scrapes', '-')} |")
     return "\n".join(out) + "\n"
 
 
@@ -238,10 +252,13 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=int, default=10)
     p.add_argument("--storm", default="25,100", help="calls dialled at once in the login-storm rows")
+    p.add_argument("--scrape-k", default="20", help="calls dialled at once in the scrape-loop rows ('' to skip them)")
     a = p.parse_args()
     cmd = (f"{sys.executable} bench/dataplane.py --runs {a.runs} --seconds {a.seconds}; "
            f"{sys.executable} bench/controlplane.py; "
-           f"{sys.executable} bench/loginstorm.py --k {a.storm}")
+           f"{sys.executable} bench/loginstorm.py --k {a.storm}"
+           + (f"; {sys.executable} bench/loginstorm.py --k {a.scrape_k} --cases d,s,s,d "
+              f"--out \"$PIPEXCTL_RESULTS/loginstorm-scrape.json\"" if a.scrape_k else ""))
     try:
         r = run_in_guest(["sh", "-c", cmd], cwd=str(ROOT), keep_results=True, progress=True, timeout=5400)
     except VMError as e:
@@ -256,6 +273,9 @@ def main() -> int:
     res["controlplane"] = cp = json.loads(cpf.read_text()) if cpf.exists() else {}
     stf = r.results_dir / "loginstorm.json"
     res["loginstorm"] = json.loads(stf.read_text()) if stf.exists() else {}
+    scf = r.results_dir / "loginstorm-scrape.json"
+    if scf.exists():
+        res["loginstorm"].setdefault("rows", []).extend(json.loads(scf.read_text())["rows"])
     res["guest_seconds"] = r.total_seconds
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     out = ROOT / "bench" / "results"

@@ -110,6 +110,7 @@ class OffloadService(Endings):
         self.watch, self.backend, self.datapath = watch, backend, datapath
         self.orch = Orchestrator(backend)
         self.state_path, self.xl2tpd_port, self.teardown_on_exit = state_path, xl2tpd_port, teardown_on_exit
+        self.state = statefile.Writer(state_path)
         # what the service made (tunnels, kernel, state file); taken before
         # watch.lock when both are needed, so parsing logs (slow under
         # emulation) never delays an offload, and an offload never delays parsing
@@ -198,13 +199,17 @@ class OffloadService(Endings):
         tsock = -1
         with self.lock:
             t_locked = time.monotonic()
-            ch, meta, ts, rec, made_tunnel, t_saved = self._build(call, pppd_pid, pty, xl2tpd_pid)
+            ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid)
             if hand_off is not None and ts.sock is not None:
                 # our own copy: the tunnel may be dropped (and its socket
                 # closed) by another thread while pppd is handed this one
                 tsock = os.dup(ts.sock.fileno())
         t_built = time.monotonic()
         try:
+            # on disk before pppd holds the channel: a restart adopts only recorded calls
+            self.flush(snap)
+            t_saved = time.monotonic()
+            self.failpoint("state-saved")
             if hand_off is not None:
                 # pppd also gets the tunnel's socket: the tunnel then outlives the daemon
                 hand_off(meta, [ch.fileno()] + ([tsock] if tsock >= 0 else []))
@@ -222,8 +227,8 @@ class OffloadService(Endings):
             if tsock >= 0:
                 os.close(tsock)
         if timing is not None:
-            timing.update(lock=t_locked - t, build=t_saved[0] - t_locked, state=t_saved[1] - t_saved[0],
-                          hand_off=time.monotonic() - t_built)
+            timing.update(lock=t_locked - t, build=t_built - t_locked, state=t_saved - t_built,
+                          hand_off=time.monotonic() - t_saved)
         return ch, meta
 
     def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int]):
@@ -261,14 +266,12 @@ class OffloadService(Endings):
             self.exits.watch(rec.pppd_pid)
             tx.on_rollback(lambda: (ts.records.pop(call.call_id, None), self.exits.unwatch(rec.pppd_pid)))
             ts.records[call.call_id] = rec
-            t_save = time.monotonic()
-            self.save()
-            t_saved = (t_save, time.monotonic())
-            self.failpoint("state-saved")
+            # written by offload() without the lock, shared with the offloads running beside it
+            snap = self.snapshot()
             meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
                     "peer_session_id": call.peer_call_id, "local": f"{ts.local}:{ts.local_port}",
                     "peer": f"{ts.peer}:{ts.peer_port}", "role": call.role}
-            return ch, meta, ts, rec, made_tunnel, t_saved
+            return ch, meta, ts, rec, made_tunnel, snap
 
     def _new_tunnel(self, call: CallInfo, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:
         peer_port = call.peer_port or 1701
@@ -309,8 +312,17 @@ class OffloadService(Endings):
 
     # ---------------------------------------------------------- state
     def save(self) -> None:
+        """Write the state file now (the caller holds the lock)."""
+        self.flush(self.snapshot())
+
+    def snapshot(self) -> int:
+        """The state as it is now, to be written (the caller holds the lock)."""
+        return self.state.snapshot(statefile.State(tunnels=[t.record() for t in self.tunnels.values()]))
+
+    def flush(self, n: int) -> None:
+        """Return once snapshot ``n`` or a later one is on disk."""
         try:
-            statefile.save(self.state_path, statefile.State(tunnels=[t.record() for t in self.tunnels.values()]))
+            self.state.flush(n)
         except OSError as e:
             log.warning("cannot write state file %s: %s", self.state_path, e.strerror)
 

@@ -4,7 +4,10 @@ The file (default ``/run/pipexctl/state.json``, mode 0600) lists each kernel
 tunnel the daemon made (xl2tpd instance, ids, both addresses and ports) and
 each offloaded session in it (call ids, the owning pppd's PID).
 It is written after every change with temp file + fsync + rename, so a
-crash leaves either the old or the new file, never a torn one.
+crash leaves either the old or the new file, never a torn one.  Offloads
+running at once share writes (:class:`Writer`): each waits, outside the
+daemon's lock, for a write that holds its record, and one write holds every
+record made before it began.
 
 At start the daemon calls :func:`plan` with what the file says, what the
 kernel holds and what discovery knows, and gets three lists:
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Literal, Optional
@@ -130,6 +134,39 @@ def save(path: str, state: State) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+class Writer:
+    """Group commit of the state file.
+
+    ``snapshot`` (under the daemon's lock, where the state is consistent)
+    keeps the newest state and returns its number; ``flush(n)`` (without
+    that lock) returns once a state numbered ``n`` or later is on disk,
+    writing the newest one itself if nobody has.  Writes never overlap and
+    never put an older state over a newer one."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()  # one write at a time; never held while taking the daemon's lock
+        self._newest: tuple[int, Optional[State]] = (0, None)
+        self._written = 0
+        self.writes = 0
+
+    def snapshot(self, state: State) -> int:
+        n = self._newest[0] + 1
+        self._newest = (n, state)  # one assignment: a flush reads either the old pair or the new
+        return n
+
+    def flush(self, n: int) -> None:
+        with self._lock:
+            if self._written >= n:
+                return  # a later state was written meanwhile
+            newest, state = self._newest
+            try:
+                save(self.path, state)
+            finally:
+                self._written = newest  # a failed write is not retried by the callers it covered
+                self.writes += 1
 
 
 @dataclass

@@ -233,7 +233,7 @@ pid_t fork(void) {
     } else if (pid > 0) {
         const char *f = getenv("PX_FORKED");
         FILE *o = f ? fopen(f, "a") : NULL;
-        if (o) { fprintf(o, "%d\\n", pid); fclose(o); }
+        if (o) { fprintf(o, "%d\n", pid); fclose(o); }
         struct timespec ts = {1, 500000000};
         nanosleep(&ts, NULL);
     }
@@ -316,11 +316,11 @@ def test_a_plugin_that_gives_up_mid_offload_leaves_nothing_and_its_call_on_the_p
 
 
 def _conflicting_table(ns: str) -> None:
-    """A table named as the daemon's, with a map of another type (what an
-    older schema or another tool could leave): every steering transaction
-    the daemon sends fails in the kernel."""
+    """A table named as the daemon's whose chain ``pre`` hooks input (what
+    another tool could leave): the kernel refuses every steering transaction
+    the daemon sends ("File exists": a base chain's hook cannot change)."""
     subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], check=True, text=True,
-                   input="add table ip pipexctl\nadd map ip pipexctl twins { type ipv4_addr : ipv4_addr ; }\n")
+                   input="add table ip pipexctl\nadd chain ip pipexctl pre { type filter hook input priority 0 ; }\n")
 
 
 def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():

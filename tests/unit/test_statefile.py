@@ -113,3 +113,49 @@ def test_plan_removes_a_session_in_our_tunnel_that_no_record_names():
     # session 30/7 is in a tunnel that is not ours: untouched
     assert [(t, s) for t, s, _ in p.remove_sessions] == [(10, 7)]
     assert "interrupted offload" in p.remove_sessions[0][2] and p.remove_tunnels == []
+
+
+def test_offloads_at_once_share_state_writes_and_each_finds_its_record_on_disk(tmp_path, monkeypatch):
+    """Group commit: 20 offloads record their call under one lock, then wait
+    for the file without it.  Each finds its own record on disk when its
+    wait returns (before pppd would get the channel); the writes are fewer
+    than the offloads; the file ends with all of them, never an older state
+    over a newer one."""
+    import threading
+    import time
+
+    real_save = statefile.save
+    saved: list[int] = []
+
+    def slow_save(path, state):  # a write that takes time, as an fsync does under load
+        time.sleep(0.05)
+        real_save(path, state)
+        saved.append(sum(len(t.sessions) for t in state.tunnels))
+
+    monkeypatch.setattr(statefile, "save", slow_save)
+    path = str(tmp_path / "state.json")
+    w = statefile.Writer(path)
+    lock = threading.Lock()
+    tunnel = TunnelRecord(instance="xl2tpd", tunnel_id=1, peer_tunnel_id=2, local="10.0.0.1", peer="10.0.0.2",
+                          peer_port=1701, local_port=1701)
+    missing = []
+
+    def offload(cid):
+        with lock:
+            tunnel.sessions.append(SessionRecord(call_id=cid, peer_call_id=cid, pppd_pid=1000 + cid))
+            n = w.snapshot(State(tunnels=[tunnel.__class__(**{**dataclasses.asdict(tunnel),
+                                                               "sessions": list(tunnel.sessions)})]))
+        w.flush(n)
+        on_disk, _ = statefile.load(path)
+        if cid not in {s.call_id for t in on_disk.tunnels for s in t.sessions}:
+            missing.append(cid)
+
+    threads = [threading.Thread(target=offload, args=(c,)) for c in range(1, 21)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert missing == []
+    assert w.writes < 20 and saved == sorted(saved)
+    final, _ = statefile.load(path)
+    assert sorted(s.call_id for s in final.tunnels[0].sessions) == list(range(1, 21))

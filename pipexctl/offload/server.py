@@ -209,7 +209,13 @@ class OffloadServer:
                 self._reply(conn, {"ok": False, "error": "permission denied: only root may ask for a channel"})
                 self.service.refused("not_root")
                 return
-            data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST + 1, 1)
+            data, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST + 1, 1)
+            if flags & socket.MSG_CTRUNC:
+                # pppd's pty did not fit (no fd left): without it held, xl2tpd
+                # would see the pty close and end the call, so no offload
+                self.service.refused("out_of_fds", pid)
+                self._reply(conn, {"ok": False, "error": "pipexctl serve is out of file descriptors (LimitNOFILE)"})
+                return
             while data and b"\n" not in data and len(data) <= MAX_REQUEST:
                 chunk = conn.recv(MAX_REQUEST + 1)
                 if not chunk:
@@ -237,8 +243,12 @@ class OffloadServer:
                 raise AssertionError(op)
         except OSError as e:
             # unexpected (the offload itself rolls back and replies): say so
-            # to the client, with the traceback in the log
-            log.warning("request failed: %s", e, exc_info=True)
+            # to the client, with the traceback in the log; out of fds is
+            # expected under a low LimitNOFILE: counted, no traceback
+            fds_out = e.errno in (errno.EMFILE, errno.ENFILE)
+            if fds_out:
+                self.service.failed(e)
+            log.warning("request failed: %s", e, exc_info=not fds_out)
             try:
                 self._reply(conn, {"ok": False, "error": f"request failed: {e}"})
             except OSError:

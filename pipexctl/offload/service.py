@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import errno
 import logging
 import os
 import socket
@@ -154,10 +155,11 @@ class OffloadService(Endings):
             self._why_pty(pid, reason)
 
     def failed(self, e: Exception, pid: Optional[int] = None) -> None:
+        label = "out_of_fds" if getattr(e, "errno", None) in (errno.EMFILE, errno.ENFILE) else reason_label(e)
         with self._clock:
             self.stats["failed"] += 1
-            self.reasons[("failed", reason_label(e))] += 1
-            self._why_pty(pid, reason_label(e))
+            self.reasons[("failed", label)] += 1
+            self._why_pty(pid, label)
 
     def _why_pty(self, pid: Optional[int], reason: str) -> None:
         # why a pppd stayed on its pty, for `pipexctl status` (the last 1,000)

@@ -149,21 +149,28 @@ def test_a_requester_is_proven_by_its_uids_exe_and_parent(lab, tmp_path):
     assert ip_l2tp(lab.lns.ns, "tunnel") == []
 
 
-def test_running_out_of_file_descriptors_never_stops_the_daemon(lab):
-    lab.start_all(WITH_PLUGIN)
-    inst = lab.lns
+def _serve_with_fd_limit(lab, inst, limit: int, *extra: str) -> subprocess.Popen:
+    """`pipexctl serve` for ``inst`` with RLIMIT_NOFILE ``limit`` (soft and
+    hard: the daemon cannot raise it), once it answers."""
     out = open(inst.dir / "serve.log", "ab")
 
     def low_limit():
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
     p = subprocess.Popen(["ip", "netns", "exec", inst.ns, sys.executable, "-m", "pipexctl", "serve", "-v",
-                          "--socket", lab.serve_socket(inst), "--log", str(inst.log), "--control", inst.control],
-                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=low_limit, start_new_session=True)
+                          "--socket", lab.serve_socket(inst), "--log", str(inst.log), "--control", inst.control,
+                          *extra], stdout=out, stderr=subprocess.STDOUT, preexec_fn=low_limit, start_new_session=True)
     lab.serves.append(p)
     out.close()
+    wait_until(lambda: answers(lab.serve_socket(inst)), "daemon up", timeout=90)
+    return p
+
+
+def test_running_out_of_file_descriptors_never_stops_the_daemon(lab):
+    lab.start_all(WITH_PLUGIN)
+    inst = lab.lns
+    p = _serve_with_fd_limit(lab, inst, 64)
     path = lab.serve_socket(inst)
-    wait_until(lambda: answers(path), "daemon up", timeout=90)
     conns = []
     for _ in range(100):  # idle clients: each accepted one holds an fd for its 5 s request timeout
         s = socket.socket(socket.AF_UNIX)
@@ -368,5 +375,54 @@ def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():
             ok, out = ping(l1.ns, addr)
             assert ok, (addr, out)
         assert srv.poll() is None
+    finally:
+        lab.teardown()
+
+
+def test_twenty_calls_past_the_fd_limit_stay_on_their_ptys_and_nothing_leaks():
+    """RLIMIT_NOFILE 40 on the LNS daemon, 20 calls in 20 tunnels (4 LACs,
+    five rounds at once): an offloaded call holds its pty and its tunnel
+    holds a socket, so the limit is met after a few calls.  The calls past
+    it stay on their ptys with a reason; the daemon keeps serving; the
+    kernel holds exactly the offloaded calls; every call carries ping; all
+    hung up, nothing is left, and the next call is offloaded."""
+    lab = Lab(kernel_mode=False, sections=5).setup(4)
+    try:
+        lab.start_all(plugin_options(required=False) + "pipexctl_timeout 30\n")
+        p = _serve_with_fd_limit(lab, lab.lns, 40, "--wait", "30")
+        for lac in lab.lacs:
+            lab.serve(lac, "--wait", "30")
+        offsets = {lac.name: lac.log.stat().st_size for lac in lab.lacs}
+        for n, section in enumerate(lab.section_names(), 1):
+            for lac in lab.lacs:
+                lab.control(lac, f"c {section}")
+            for lac in lab.lacs:
+                lab.wait_log(lac, "Call established", offset=offsets[lac.name], count=n, timeout=60)
+        wait_until(lambda: len(ppp_peer_addrs(lab.lns.ns)) == 20, "20 PPP links up", timeout=240,
+                   detail=lambda: lab.tails(600))
+        log = serve_log(lab, lab.lns)
+        offloaded = log.count(") offloaded in ")
+        assert p.poll() is None
+        assert 0 < offloaded < 20, log[-3000:]
+        assert "out of file descriptors" in log or "Too many open files" in log, log[-3000:]
+        objs = objects(lab.lns.ns)
+        assert objs["sessions"] == objs["pppol2tp_sessions"] == objs["tunnels"] == offloaded, (objs, offloaded)
+        on_pty = [pid for pid in lab.pppds(lab.lns) if pty_fds(pid)]
+        assert len(on_pty) == 20 - offloaded
+        for peer in ppp_peer_addrs(lab.lns.ns).values():
+            ok, out = ping(lab.lns.ns, peer, count=2)
+            assert ok, (peer, out)
+        for section in lab.section_names():
+            for lac in lab.lacs:
+                lab.disconnect(lac, section)
+            time.sleep(0.3)
+        wait_until(lambda: objects(lab.lns.ns)["tunnels"] == 0 and not lab.pppds(lab.lns), "all ended", timeout=120,
+                   detail=lab.tails)
+        st = lab.serve_status(lab.lns)
+        assert st["tunnels"] == [] and p.poll() is None
+        assert st["stats"]["offloaded"] == offloaded
+        lab.connect(lab.lacs[0])
+        wait_until(lambda: objects(lab.lns.ns)["sessions"] == 1, "the next call offloaded", timeout=60,
+                   detail=lambda: serve_log(lab, lab.lns)[-3000:])
     finally:
         lab.teardown()

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -322,25 +323,41 @@ def test_a_plugin_that_gives_up_mid_offload_leaves_nothing_and_its_call_on_the_p
         lab.teardown()
 
 
-def _conflicting_table(ns: str) -> None:
-    """A table named as the daemon's whose chain ``pre`` hooks input (what
-    another tool could leave): the kernel refuses every steering transaction
-    the daemon sends ("File exists": a base chain's hook cannot change)."""
-    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], check=True, text=True,
-                   input="add table ip pipexctl\nadd chain ip pipexctl pre { type filter hook input priority 0 ; }\n")
+# Holds table ip pipexctl with nft's "owner" flag (as firewalld's tables are):
+# while this process lives, the kernel refuses every transaction of any
+# other process on that table (EPERM); it goes with the process
+OWNED_TABLE = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from pipexctl.offload.steering import _LibNftables
+nft = _LibNftables()  # kept: its netlink socket owns the table
+rc, err = nft.run("add table ip pipexctl { flags owner ; }\\n"
+                  "add chain ip pipexctl pre { type filter hook input priority 0 ; }\\n")
+print("held" if rc == 0 else err, flush=True)
+time.sleep(3600)
+"""
+
+
+def _owned_table(ns: str) -> subprocess.Popen:
+    p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", OWNED_TABLE,
+                          str(Path(__file__).resolve().parents[2])], stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().strip()
+    assert line == "held", line
+    return p
 
 
 def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():
     """Two tunnels from one LAC address and port: on Linux 6.1 the second is
-    a twin, offloaded only with nft steering.  While nft fails (from the
-    daemon's start, and through a SIGHUP), the twin's call goes on on its
+    a twin, offloaded only with nft steering.  While nft fails (another
+    process owns table ip pipexctl: from the daemon's start, and through a
+    SIGHUP), the twin's call goes on on its
     pty with a reason and the daemon keeps serving; once nft works again the
     next twin call is offloaded."""
-    lab = Lab(kernel_mode=False, sections=2).setup(1)
+    lab, owner = Lab(kernel_mode=False, sections=2).setup(1), None
     try:
         lab.start_all(plugin_options(required=False))
         l1 = lab.lacs[0]
-        _conflicting_table(lab.lns.ns)
+        owner = _owned_table(lab.lns.ns)
         srv = lab.serve(lab.lns)
         lab.serve(l1)
         first, second = lab.section_names()
@@ -362,8 +379,9 @@ def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():
         assert srv.poll() is None and answers(lab.serve_socket(lab.lns))
         log = serve_log(lab, lab.lns)
         assert "nftables rejected the steering" in log and "Traceback" not in log, log[-3000:]
-        # nft works again: the twin's next call is offloaded, its steering written
-        subprocess.run(["ip", "netns", "exec", lab.lns.ns, "nft", "delete", "table", "ip", "pipexctl"], check=True)
+        # nft works again (the table's owner exits): the twin's next call is offloaded, its steering written
+        owner.kill()
+        owner.wait()
         lab.disconnect(l1, section=second)
         wait_until(lambda: len(ppp_peer_addrs(l1.ns)) == 1, "the twin's call ended", timeout=60, detail=lab.tails)
         lab.connect(l1, section=second)
@@ -376,6 +394,9 @@ def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():
             assert ok, (addr, out)
         assert srv.poll() is None
     finally:
+        if owner is not None and owner.poll() is None:
+            owner.kill()
+            owner.wait()
         lab.teardown()
 
 

@@ -100,6 +100,7 @@ class CallWatch:
         self.waiting = 0  # requests inside call_of (under lock)
         self.active = float("-inf")  # monotonic time of the last event or request
         self.unchecked = 0  # calls offloaded on the log's word: the control pipe did not answer
+        self._paths: Counter = Counter()
 
     def first_read(self) -> None:
         """The start's read of every source (the state is reconciled as a whole after it)."""
@@ -220,9 +221,14 @@ class CallWatch:
                     for i in self.d.tracker.instances.values()]
 
     def paths(self) -> Counter:
-        """Known calls by (role, data path), for the metrics."""
-        with self.lock:
-            return Counter((c.role, c.data_path) for c in self.d.tracker.calls())
+        """Known calls by (role, data path), for the metrics.  A scrape never
+        waits for the lock a request may hold: the last count is given then."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self._paths = Counter((c.role, c.data_path) for c in self.d.tracker.calls())
+            finally:
+                self.lock.release()
+        return Counter(self._paths)
 
     def run(self, stop: threading.Event, reload: threading.Event, *, handle: Callable[[list], None],
             reloaded: Callable[[list], None], tick: Callable[[], None], exits=None,

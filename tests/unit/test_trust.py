@@ -366,3 +366,19 @@ def test_a_listed_call_is_given_and_a_silent_control_pipe_leaves_the_logs_word_c
     finally:
         pppd.kill()
         pppd.wait()
+
+
+def test_a_scrape_never_waits_for_a_request_holding_discovery(watched):
+    import threading
+
+    w, log = watched
+    with log.open("a") as f:
+        f.write(_call_lines(4321, 100))
+    w.d.poll(reconcile=False)
+    assert sum(w.paths().values()) == 1
+    got = []
+    with w.lock:  # a request waiting for its call holds it
+        t = threading.Thread(target=lambda: got.append(w.paths()))
+        t.start()
+        t.join(2)
+        assert not t.is_alive() and sum(got[0].values()) == 1  # the last count, at once

@@ -290,7 +290,10 @@ class Discovery:
                 if c.pppd_pid is not None and c.pppd_pid not in by_pid:
                     # the scan may predate the log line that named this pppd
                     # (the daemon scans /proc outside its lock): look again
-                    now = procscan._read(c.pppd_pid, with_fds=False)
+                    try:
+                        now = procscan._read(c.pppd_pid, with_fds=False)
+                    except OSError:  # out of fds here: nothing known of it, nothing ended
+                        continue
                     if now is None or now.comm != "pppd" or now.ppid != ins.daemon_pid:
                         ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
                         continue

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .control import DEFAULT_PIPE
+
+# errors that say nothing of the process: out of file descriptors or memory
+# here.  Raised, never read as "gone" (that would end a live call)
+_OURS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+
+
+def _gone(e: OSError) -> None:
+    """Return when ``e`` means the process (or its file) is gone; raise it
+    when it is a failure of our own."""
+    if e.errno in _OURS:
+        raise e
 
 
 @dataclass
@@ -56,7 +68,8 @@ def _read(pid: int, with_fds: bool) -> Optional[Proc]:
             stat = f.read()
         with open(f"{base}/cmdline", "rb") as f:
             argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
-    except OSError:
+    except OSError as e:
+        _gone(e)
         return None
     comm, rest = _split_stat(stat)
     p = Proc(pid, int(rest[1]), comm, argv, int(rest[19]))
@@ -121,7 +134,8 @@ def exe(pid: int) -> Optional[str]:
     started still counts as its path (the kernel appends " (deleted)")."""
     try:
         return os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
-    except OSError:
+    except OSError as e:
+        _gone(e)
         return None
 
 
@@ -132,7 +146,9 @@ def uids(pid: int) -> Optional[tuple[int, ...]]:
             for line in f:
                 if line.startswith("Uid:"):
                     return tuple(int(x) for x in line.split()[1:5])
-    except (OSError, ValueError):
+    except OSError as e:
+        _gone(e)
+    except ValueError:
         pass
     return None
 
@@ -142,7 +158,8 @@ def comm_ppid(pid: int) -> Optional[tuple[str, int]]:
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-    except OSError:
+    except OSError as e:
+        _gone(e)
         return None
     comm, rest = _split_stat(stat)
     return comm, int(rest[1])

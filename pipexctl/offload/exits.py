@@ -9,6 +9,7 @@ one process for its whole life: a reused pid cannot be mistaken for it.
 
 from __future__ import annotations
 
+import errno
 import os
 import selectors
 import threading
@@ -32,8 +33,10 @@ class Exits:
                 return pid not in self._dead
             try:
                 fd = os.pidfd_open(pid)
-            except OSError:  # gone (ESRCH), or no pidfd here: the /proc fallback in alive()
-                return False
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                    raise  # out of fds here: an offload must not go on unwatched
+                return False  # gone (ESRCH), or no pidfd here: the /proc fallback in alive()
             self._fds[pid] = [fd, 1]
             self._sel.register(fd, selectors.EVENT_READ, pid)
             return True

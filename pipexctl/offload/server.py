@@ -245,10 +245,11 @@ class OffloadServer:
             # unexpected (the offload itself rolls back and replies): say so
             # to the client, with the traceback in the log; out of fds is
             # expected under a low LimitNOFILE: counted, no traceback
-            fds_out = e.errno in (errno.EMFILE, errno.ENFILE)
+            fds_out, gave_up = e.errno in (errno.EMFILE, errno.ENFILE), e.errno in (errno.EPIPE, errno.ECONNRESET)
             if fds_out:
                 self.service.failed(e)
-            log.warning("request failed: %s", e, exc_info=not fds_out)
+            log.warning("request failed: %s%s", e, " (the requester stopped waiting)" if gave_up else "",
+                        exc_info=not (fds_out or gave_up))
             try:
                 self._reply(conn, {"ok": False, "error": f"request failed: {e}"})
             except OSError:

@@ -208,8 +208,9 @@ class OffloadService(Endings):
                 tsock = os.dup(ts.sock.fileno())
         t_built = time.monotonic()
         try:
-            # on disk before pppd holds the channel: a restart adopts only recorded calls
-            self.flush(snap)
+            # on disk before pppd holds the channel (a restart adopts only
+            # recorded calls): a failed write fails the offload
+            self.state.flush(snap)
             t_saved = time.monotonic()
             self.failpoint("state-saved")
             if hand_off is not None:

@@ -162,11 +162,9 @@ class Writer:
             if self._written >= n:
                 return  # a later state was written meanwhile
             newest, state = self._newest
-            try:
-                save(self.path, state)
-            finally:
-                self._written = newest  # a failed write is not retried by the callers it covered
-                self.writes += 1
+            save(self.path, state)  # a failure raises: every caller it covered tries again itself
+            self._written = newest
+            self.writes += 1
 
 
 @dataclass

@@ -270,10 +270,18 @@ class CallWatch:
     def _poll(self, full: bool, handle: Callable[[list], None]) -> None:
         ev: list = []
         t = time.monotonic()
-        scanned = procscan.scan() if full and self.d.proc else None  # outside the lock: slow under TCG
+        scanned = None
+        if full and self.d.proc:
+            try:
+                scanned = procscan.scan()  # outside the lock: slow under TCG
+            except OSError as e:  # out of fds: no scan this round, and no end read into a failed one
+                log.warning("discovery: cannot scan /proc: %s", e.strerror)
+                full = False
         with self.lock:
             try:
                 ev = self.d.poll(reconcile=full, scanned=scanned)
+            except OSError as e:  # out of fds (procscan raises rather than call a process gone)
+                log.warning("discovery poll failed: %s", e)
             except Exception:  # never let the watcher die: log and go on
                 log.exception("discovery poll failed")
             ev, self.pending = self.pending + ev, []

@@ -159,3 +159,22 @@ def test_offloads_at_once_share_state_writes_and_each_finds_its_record_on_disk(t
     assert w.writes < 20 and saved == sorted(saved)
     final, _ = statefile.load(path)
     assert sorted(s.call_id for s in final.tunnels[0].sessions) == list(range(1, 21))
+
+
+def test_a_failed_state_write_raises_for_every_offload_it_covered(tmp_path, monkeypatch):
+    calls = []
+
+    def failing(path, state):
+        calls.append(1)
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(statefile, "save", failing)
+    w = statefile.Writer(str(tmp_path / "state.json"))
+    a, b = w.snapshot(State()), w.snapshot(State())
+    for n in (a, b):
+        try:
+            w.flush(n)
+        except OSError:
+            continue
+        raise AssertionError("a write that failed was taken as done")
+    assert len(calls) == 2

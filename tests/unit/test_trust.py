@@ -382,3 +382,25 @@ def test_a_scrape_never_waits_for_a_request_holding_discovery(watched):
         t.start()
         t.join(2)
         assert not t.is_alive() and sum(got[0].values()) == 1  # the last count, at once
+
+
+def test_out_of_file_descriptors_is_never_read_as_a_pppd_gone(monkeypatch):
+    """/proc unreadable for lack of fds says nothing of the process: the
+    reads raise instead of answering "gone", which would end a live call."""
+    import errno as _errno
+
+    real_open = open
+
+    def no_fds(path, *a, **k):
+        if str(path).startswith("/proc/"):
+            raise OSError(_errno.EMFILE, "Too many open files")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", no_fds)
+    for read in (lambda: procscan.runs(os.getpid(), "python"), lambda: procscan.argv(os.getpid()),
+                 lambda: procscan.uids(os.getpid())):
+        with pytest.raises(OSError):
+            read()
+    monkeypatch.setattr("builtins.open", real_open)
+    assert procscan.comm_ppid(os.getpid()) is not None
+    assert procscan.comm_ppid(2 ** 22 + 1) is None  # ENOENT: gone

@@ -402,7 +402,7 @@ def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():
 
 
 def test_twenty_calls_past_the_fd_limit_stay_on_their_ptys_and_nothing_leaks():
-    """RLIMIT_NOFILE 40 on the LNS daemon, 20 calls in 20 tunnels (4 LACs,
+    """RLIMIT_NOFILE 64 on the LNS daemon, 20 calls in 20 tunnels (4 LACs,
     five rounds at once): an offloaded call holds its pty and its tunnel
     holds a socket, so the limit is met after a few calls.  The calls past
     it stay on their ptys with a reason; the daemon keeps serving; the
@@ -411,7 +411,7 @@ def test_twenty_calls_past_the_fd_limit_stay_on_their_ptys_and_nothing_leaks():
     lab = Lab(kernel_mode=False, sections=5).setup(4)
     try:
         lab.start_all(plugin_options(required=False) + "pipexctl_timeout 30\n")
-        p = _serve_with_fd_limit(lab, lab.lns, 40, "--wait", "30")
+        p = _serve_with_fd_limit(lab, lab.lns, 64, "--wait", "30")
         for lac in lab.lacs:
             lab.serve(lac, "--wait", "30")
         offsets = {lac.name: lac.log.stat().st_size for lac in lab.lacs}

@@ -209,13 +209,15 @@ class Discovery:
     def has_control(self, instance: str) -> bool:
         return any(s.control is not None for s in self.sources if s.name == instance)
 
-    def ask_control(self) -> list[Event]:
-        """Ask every control pipe now (tunnels, and which tunnel holds each LNS call)."""
-        return self._reconcile_control()
-
     def _reconcile_control(self) -> list[Event]:
         """What xl2tpd says now beats log history (rotation, missed lines)."""
-        ev: list[Event] = []
+        return self.apply_control(self.fetch_control())
+
+    def fetch_control(self) -> list[tuple]:
+        """Ask every control pipe: (source, when asked, Available or None,
+        status-lns by section, error or None) each.  Only I/O: the model is
+        not touched, so a caller may do this without its lock."""
+        out = []
         for s in self.sources:
             if s.control is None:
                 continue
@@ -223,13 +225,31 @@ class Discovery:
             try:
                 av = s.control.available()
                 # a LAC-only xl2tpd has no LNS section: nothing to ask status-lns about
-                status = {name: s.control.status_lns(name) for name in av.lns}
+                out.append((s, asked, av, {name: s.control.status_lns(name) for name in av.lns}, None))
             except ControlError as e:
-                self.warnings.append(f"{s.control.pipe}: {e}")
+                out.append((s, asked, None, {}, f"{s.control.pipe}: {e}"))
+        return out
+
+    def control_known(self) -> dict[str, tuple[frozenset, frozenset]]:
+        """The tunnel and call ids of each instance now: what an answer
+        fetched from here on may find gone (see ``apply_control``)."""
+        return {s.name: (frozenset(self.tracker.inst(s.name).tunnels), frozenset(self.tracker.inst(s.name).calls))
+                for s in self.sources if s.control is not None}
+
+    def apply_control(self, answers: list[tuple], known: Optional[dict] = None) -> list[Event]:
+        """Bring the model to what ``fetch_control`` found.  With ``known``
+        (``control_known()`` taken before the fetch) the model may have moved
+        on meanwhile: only what was known then can be found gone, and what
+        went meanwhile is not brought back."""
+        ev: list[Event] = []
+        for s, asked, av, status, error in answers:
+            if error is not None:
+                self.warnings.append(error)
                 continue
             ins = self.tracker.inst(s.name)
+            then_tids, then_cids = known[s.name] if known is not None else (None, None)
             live_tids = {t.tunnel_id for t in av.tunnels}
-            for tid in [t for t in ins.tunnels if t not in live_tids]:
+            for tid in [t for t in ins.tunnels if t not in live_tids and (then_tids is None or t in then_tids)]:
                 ev += self.tracker._tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
             by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
             self.listed[s.name] = (asked, frozenset((by_peer_tid[st.peer_tunnel_id], cid) for tunnels in status.values()
@@ -242,15 +262,18 @@ class Discovery:
                     if tid is None:
                         continue
                     if tid not in ins.tunnels:
+                        if then_tids is not None and tid in then_tids:
+                            continue  # ended while the question was out
                         t = TunnelInfo(instance=s.name, role="lns", section=section, peer=st.peer,
                                        peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                        sources=["control"])
                         ev += self.tracker._tunnel_up(ins, t)
-                    t = ins.tunnels[tid]
                     for cid in st.calls:
                         lns_calls.add(cid)
                         c = ins.calls.get(cid)
                         if c is None:
+                            if then_cids is not None and cid in then_cids:
+                                continue  # ended while the question was out
                             c = CallInfo(instance=s.name, role="lns", section=section, peer=st.peer,
                                          peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                          call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",
@@ -261,7 +284,7 @@ class Discovery:
                             ev += self.tracker._update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                                             section=section)
             for c in list(ins.calls.values()):
-                if c.role == "lns" and c.call_id not in lns_calls:
+                if c.role == "lns" and c.call_id not in lns_calls and (then_cids is None or c.call_id in then_cids):
                     ev += self.tracker._call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
         return ev
 

@@ -101,6 +101,7 @@ class CallWatch:
         self.active = float("-inf")  # monotonic time of the last event or request
         self.unchecked = 0  # calls offloaded on the log's word: the control pipe did not answer
         self._paths: Counter = Counter()
+        self._asking: Optional[float] = None  # when the control question now out was asked
 
     def first_read(self) -> None:
         """The start's read of every source (the state is reconciled as a whole after it)."""
@@ -155,18 +156,18 @@ class CallWatch:
             if complete and verdict[id(mine)] is not None:
                 why = _argv_disagrees(pid, mine)
                 return (None, why) if why else (mine.copy(), "")
+            if (mine is not None or refuted) and self._asking is not None and time.monotonic() < end:
+                # a question is out: wait for its answer (it serves this
+                # request if it was asked after the request began)
+                self.polled.wait(max(0.05, min(end - time.monotonic(), 1.0)))
+                continue
             if (mine is not None or refuted) and time.monotonic() - asked > 0.5:
                 # the control pipe (status-lns) says which tunnel holds each
                 # call: an LNS log names only the peer's address, ambiguous
                 # with several tunnels from one peer; and a claim is checked there
                 asked = time.monotonic()
                 before = [c.copy() for c in claims]
-                nw = len(self.d.warnings)
-                self.pending += self.d.ask_control()
-                failed = self.d.warnings[nw:]
-                for w in failed:
-                    log.warning("discovery: %s", w)
-                del self.d.warnings[nw:]
+                failed = self._ask_control()
                 # the answer also ends a call it does not list in the model: judged here
                 self._refute(refuted, pid, [c for c in before if self._listed(c, since) is False])
                 if complete and failed and self._listed(mine, since) is None:
@@ -190,6 +191,27 @@ class CallWatch:
                 kicked = True
                 self.wake.kick()
             self.polled.wait(min(left, 1.0))
+
+    def _ask_control(self) -> list[str]:
+        """Ask xl2tpd's control pipes and apply the answer; the caller holds
+        the lock, which is released while the question is out (xl2tpd
+        answers slowly in a login storm, and requests and the watcher go on
+        meanwhile).  Returns the failures."""
+        self._asking = time.monotonic()
+        known = self.d.control_known()
+        self.lock.release()
+        try:
+            answers = self.d.fetch_control()
+        finally:
+            self.lock.acquire()
+            self._asking = None
+        self.pending += self.d.apply_control(answers, known)
+        self.polled.notify_all()
+        failed = [e for *_, e in answers if e is not None]
+        for w in failed:
+            log.warning("discovery: %s", w)
+        self.d.warnings[:] = [w for w in self.d.warnings if w not in failed]
+        return failed
 
     @staticmethod
     def _refute(refuted: dict, pid: int, calls: list[CallInfo]) -> None:

@@ -404,3 +404,64 @@ def test_out_of_file_descriptors_is_never_read_as_a_pppd_gone(monkeypatch):
     monkeypatch.setattr("builtins.open", real_open)
     assert procscan.comm_ppid(os.getpid()) is not None
     assert procscan.comm_ppid(2 ** 22 + 1) is None  # ENOENT: gone
+
+
+def test_a_control_answer_fetched_before_a_call_began_does_not_end_it(watched):
+    """The question goes out without the lock; a call logged meanwhile is
+    not in the answer, and must not be taken as gone."""
+    w, log = watched
+    _with_control(w, StubControl([100]))
+    with log.open("a") as f:
+        f.write(_call_lines(4321, 100))
+    w.d.poll(reconcile=False)
+    known = w.d.control_known()
+    answers = w.d.fetch_control()  # xl2tpd answers: call 100 only
+    with log.open("a") as f:  # then call 200 is established and logged
+        f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: 4322, Local: 200, Remote: 201, Serial: 2\n")
+    w.d.poll(reconcile=False)
+    ev = w.d.apply_control(answers, known)
+    assert {c.call_id for c in w.d.tracker.calls()} == {100, 200}, ev
+    # a later answer that still does not list it does end it
+    ev = w.d.apply_control(w.d.fetch_control(), w.d.control_known())
+    assert {c.call_id for c in w.d.tracker.calls()} == {100}
+
+
+def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):
+    import threading
+
+    w, log = watched
+    stub = _with_control(w, StubControl([100 + i for i in range(6)]))
+    inflight, most = [0], [0]
+    real = stub.available
+
+    free = []
+
+    def slow_available():
+        inflight[0] += 1
+        most[0] = max(most[0], inflight[0])
+        free.append(w.lock.acquire(blocking=False))  # the asker does not hold discovery's lock
+        if free[-1]:
+            w.lock.release()
+        time.sleep(0.3)  # xl2tpd busy in a storm
+        inflight[0] -= 1
+        return real()
+
+    stub.available = slow_available
+    pppds = [_pppd_for() for _ in range(6)]
+    try:
+        with log.open("a") as f:
+            for i, p in enumerate(pppds):
+                f.write(_call_lines(p.pid, 100 + i))
+        got = []
+        threads = [threading.Thread(target=lambda p=p: got.append(w.call_of(p.pid, 5.0))) for p in pppds]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(c is not None for c, _ in got), got
+        assert most[0] == 1 and stub.asked < 6, (most, stub.asked)
+        assert free and all(free), free
+    finally:
+        for p in pppds:
+            p.kill()
+            p.wait()

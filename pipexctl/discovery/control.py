@@ -190,18 +190,24 @@ class ControlClient:
             raise ControlError("bad control request")
         # under systemd the runtime directory, so the unit can have PrivateTmp:
         # xl2tpd (outside it) writes the reply to this path
-        tmp = tempfile.mkdtemp(prefix="pipexctl-ctl-", dir=(os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None)
-        reply = os.path.join(tmp, "reply")
-        os.mkfifo(reply, 0o600)
         try:
+            tmp = tempfile.mkdtemp(prefix="pipexctl-ctl-",
+                                   dir=(os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None)
+        except OSError as e:
+            raise ControlError(f"cannot make a reply FIFO: {e.strerror}") from None
+        reply = os.path.join(tmp, "reply")
+        try:
+            os.mkfifo(reply, 0o600)
             # open the reply FIFO first (non-blocking), so xl2tpd's open never blocks
             rfd = os.open(reply, os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                self._send(f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
-                return parse_reply(self._read_all(rfd))
-            finally:
-                os.close(rfd)
+        except OSError as e:  # out of fds, say: one error type for every caller
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ControlError(f"cannot open a reply FIFO: {e.strerror}") from None
+        try:
+            self._send(f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
+            return parse_reply(self._read_all(rfd))
         finally:
+            os.close(rfd)
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _send(self, line: bytes) -> None:

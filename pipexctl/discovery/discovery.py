@@ -118,6 +118,15 @@ class Journal:
         self._p.wait()
 
 
+@dataclass(frozen=True)
+class Listed:
+    """One answer of an xl2tpd's control pipe, as a claim is checked against it."""
+
+    asked: float  # monotonic time the question went out
+    tunnels: frozenset  # (our tunnel id, the peer's), from `available`
+    lns_calls: frozenset  # (peer address, the peer's tunnel id, our call id), from status-lns
+
+
 @dataclass
 class Source:
     name: str
@@ -167,8 +176,8 @@ class Discovery:
         for spec in controls[len(logs):]:  # control pipes without a log
             self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
         self._backend = None
-        # instance -> (monotonic time its status-lns request was sent, {(tunnel_id, call_id)} it listed)
-        self.listed: dict[str, tuple[float, frozenset[tuple[int, int]]]] = {}
+        # instance -> what its control pipe listed, and the monotonic time the question went out
+        self.listed: dict[str, Listed] = {}
         self.warnings: list[str] = []
         self.tracker.notes = self.warnings  # one list: the tracker's notes are discovery's warnings
 
@@ -196,15 +205,21 @@ class Discovery:
         return ev
 
     def listed_by_control(self, call: CallInfo, since: float) -> Optional[bool]:
-        """Whether xl2tpd's control pipe listed LNS ``call`` in its tunnel, in
-        an answer asked for after ``since`` (monotonic); None when there is
-        no such answer (yet) or no control pipe for its xl2tpd."""
-        when, listed = self.listed.get(call.instance, (float("-inf"), frozenset()))
-        if when < since:
+        """Whether xl2tpd's control pipe listed ``call``, in an answer asked
+        for after ``since`` (monotonic); None when there is no such answer
+        (yet) or no control pipe for its xl2tpd.
+
+        An LNS call is matched by the peer's address and tunnel id and our
+        call id (status-lns names all three; our tunnel id is left out,
+        since two peers may pick the same tunnel id); a LAC call, whose
+        calls status-lns does not list, by its tunnel (both ids)."""
+        ls = self.listed.get(call.instance)
+        if ls is None or ls.asked < since:
             return None
-        if call.tunnel_id is None:  # not yet placed in a tunnel: its id in any
-            return any(cid == call.call_id for _, cid in listed)
-        return (call.tunnel_id, call.call_id) in listed
+        if call.role == "lns":
+            return any(cid == call.call_id and peer == call.peer and call.peer_tunnel_id in (None, ptid)
+                       for peer, ptid, cid in ls.lns_calls)
+        return (call.tunnel_id, call.peer_tunnel_id) in ls.tunnels
 
     def has_control(self, instance: str) -> bool:
         return any(s.control is not None for s in self.sources if s.name == instance)
@@ -252,9 +267,10 @@ class Discovery:
             for tid in [t for t in ins.tunnels if t not in live_tids and (then_tids is None or t in then_tids)]:
                 ev += self.tracker._tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
             by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
-            self.listed[s.name] = (asked, frozenset((by_peer_tid[st.peer_tunnel_id], cid) for tunnels in status.values()
-                                                    for st in tunnels if st.peer_tunnel_id in by_peer_tid
-                                                    for cid in st.calls))
+            self.listed[s.name] = Listed(
+                asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
+                frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values() for st in tunnels
+                          for cid in st.calls))
             lns_calls: set[int] = set()
             for section, tunnels in status.items():
                 for st in tunnels:
@@ -376,9 +392,13 @@ class Discovery:
         that serialises access to this object can scan /proc outside its lock)."""
         ev = self._read_logs()
         if reconcile:
-            if control:
-                ev += self._reconcile_control()
-            ev += self._reconcile_proc(scanned) + self._reconcile_kernel()
+            try:
+                if control:
+                    ev += self._reconcile_control()
+                ev += self._reconcile_proc(scanned)
+                ev += self._reconcile_kernel()
+            except OSError as e:  # out of fds: the log's events still go out; the next round checks again
+                self.warnings.append(f"reconcile stopped: {e}")
         return ev
 
     def refresh(self, control: bool = True, events: bool = True) -> list[Event]:

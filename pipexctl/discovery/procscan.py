@@ -84,8 +84,8 @@ def _read(pid: int, with_fds: bool) -> Optional[Proc]:
                     p.ttys.append(target)
                 elif target.startswith("socket:"):
                     p.sockets += 1
-        except OSError:
-            pass
+        except OSError as e:
+            _gone(e)
     return p
 
 

@@ -160,6 +160,7 @@ class KernelDataPath:
     def check(self) -> None:
         try:
             self.steering.check()
+            self._check_warned = float("-inf")  # a new failure is said at once
         except errors.PipexError as e:  # retried every half second: said once a minute
             now = time.monotonic()
             if now - self._check_warned >= 60:

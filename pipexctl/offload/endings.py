@@ -89,7 +89,10 @@ class Endings:
     def handle(self, events: list) -> None:
         with self.lock:
             for e in events:
-                self.on_event(e)
+                try:
+                    self.on_event(e)
+                except Exception:  # one event's failure does not lose the ones after it
+                    log.exception("acting on %s failed", type(e).__name__)
 
     def on_event(self, e) -> None:
         """Discovery's word that a call or tunnel ended, acted on once an

@@ -1,12 +1,14 @@
 """Prometheus metrics of `pipexctl serve` (``--metrics [HOST]:PORT``).
 
-A collector over ``OffloadService.metrics()``: every scrape reads the numbers
-afresh (the same dict `pipexctl stat --serve --json` prints), so there is no
-second bookkeeping to drift.  prometheus_client serves the text format.
+A collector over ``OffloadService.metrics()`` (the same dict `pipexctl stat
+--serve --json` prints), so there is no second bookkeeping to drift; a
+snapshot serves the scrapes of one second.  prometheus_client serves the text format.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Iterator
 
 from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, GaugeMetricFamily,
@@ -84,11 +86,24 @@ def families(m: dict) -> Iterator:
 
 
 class ServeCollector(Collector):
+    """The daemon's families, read at most once per MIN_INTERVAL: a scrape
+    loop (or several Prometheus servers) costs the daemon one snapshot a
+    second, whatever the scrape rate, and takes CPU from no offload."""
+
+    MIN_INTERVAL = 1.0
+
     def __init__(self, service) -> None:
         self.service = service
+        self._lock = threading.Lock()
+        self._cache: tuple[float, list] = (float("-inf"), [])
 
     def collect(self):
-        yield from families(self.service.metrics())
+        with self._lock:
+            at, fams = self._cache
+            if time.monotonic() - at >= self.MIN_INTERVAL:
+                fams = list(families(self.service.metrics()))
+                self._cache = (time.monotonic(), fams)
+        yield from fams
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -214,6 +214,7 @@ class OffloadServer:
                 # pppd's pty did not fit (no fd left): without it held, xl2tpd
                 # would see the pty close and end the call, so no offload
                 self.service.refused("out_of_fds", pid)
+                log.warning("channel request of pid %d refused: out of file descriptors (its pty did not fit)", pid)
                 self._reply(conn, {"ok": False, "error": "pipexctl serve is out of file descriptors (LimitNOFILE)"})
                 return
             while data and b"\n" not in data and len(data) <= MAX_REQUEST:
@@ -315,7 +316,7 @@ class OffloadServer:
             self._reply(conn, {"ok": False, "error": REFUSALS[refusal].format(pid=pid)})
             return False
         t0 = time.monotonic()
-        call, why = self.watch.call_of(pid, self.wait)
+        call, why = self.watch.call_of(pid, self.wait, xl2tpd_pid)
         t1 = time.monotonic()
         if call is None:
             svc.refused("no_call", pid)

@@ -198,16 +198,21 @@ class OffloadService(Endings):
         handing off.  The caller closes the returned channel once pppd holds
         its copy."""
         t = time.monotonic()
-        tsock = -1
+        tsock, dup_failed = -1, None
         with self.lock:
             t_locked = time.monotonic()
             ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid)
             if hand_off is not None and ts.sock is not None:
                 # our own copy: the tunnel may be dropped (and its socket
                 # closed) by another thread while pppd is handed this one
-                tsock = os.dup(ts.sock.fileno())
+                try:
+                    tsock = os.dup(ts.sock.fileno())
+                except OSError as e:  # out of fds: undone below, as a hand-off that failed
+                    dup_failed = e
         t_built = time.monotonic()
         try:
+            if dup_failed is not None:
+                raise dup_failed
             # on disk before pppd holds the channel (a restart adopts only
             # recorded calls): a failed write fails the offload
             self.state.flush(snap)
@@ -243,7 +248,16 @@ class OffloadService(Endings):
             if ts is not None and (ts.peer_tunnel_id, ts.peer, ts.peer_port) != (call.peer_tunnel_id, call.peer,
                                                                               call.peer_port or 1701):
                 # xl2tpd picked the id of a tunnel whose end discovery has not
-                # reported yet (its ids are random): that tunnel is gone
+                # reported yet (its ids are random): that tunnel is gone when
+                # xl2tpd's control pipe lists the new one, or when its pppds
+                # are; otherwise the log's claim is the doubtful part
+                listed = self.watch.d.listed_by_control(call, float("-inf"))
+                alive = [r.pppd_pid for r in ts.records.values() if self.exits.alive(r.pppd_pid)]
+                if alive and listed is not True:
+                    raise errors.ConflictError(
+                        f"tunnel {call.tunnel_id} is offloaded to {ts.peer}:{ts.peer_port} (peer tunnel "
+                        f"{ts.peer_tunnel_id}) and its pppd(s) {', '.join(map(str, alive))} run; the call names "
+                        f"{call.peer} (peer tunnel {call.peer_tunnel_id}): not replaced")
                 self.drop_tunnel(key, f"its id {call.tunnel_id} now names a new tunnel to {call.peer}")
                 ts = None
             made_tunnel = ts is None
@@ -315,7 +329,8 @@ class OffloadService(Endings):
 
     # ---------------------------------------------------------- state
     def save(self) -> None:
-        """Write the state file now (the caller holds the lock)."""
+        """Write the state file now (the caller holds the lock: snapshots are
+        numbered in the order the lock gives)."""
         self.flush(self.snapshot())
 
     def snapshot(self) -> int:

@@ -113,7 +113,7 @@ class CallWatch:
         with self.lock:
             return self.d.refresh()
 
-    def call_of(self, pid: int, wait: float) -> tuple[Optional[CallInfo], str]:
+    def call_of(self, pid: int, wait: float, xl2tpd_pid: Optional[int] = None) -> tuple[Optional[CallInfo], str]:
         """The call of pppd ``pid``, once discovery knows it (bounded by ``wait``),
         or None and why not.
 
@@ -122,26 +122,32 @@ class CallWatch:
         request reads the lines logged since the last read itself (xl2tpd
         has written "Call established" by the time its pppd asks, as a rule),
         instead of waiting up to a watcher period for them; when the line is
-        not there yet, the watcher's next poll wakes it."""
-        end = time.monotonic() + wait
+        not there yet, the watcher's next poll wakes it.  ``xl2tpd_pid``:
+        pppd's verified parent; a claim from another xl2tpd's lines is
+        passed over."""
+        # xl2tpd lists a call from its ICRQ on, before it forks the call's
+        # pppd: a control answer asked for after this pppd asked lists its call
+        since = time.monotonic()
+        end = since + wait
         with self.lock:
             self.waiting += 1
             self.active = time.monotonic()
             try:
-                return self._call_of(pid, end)
+                return self._call_of(pid, since, end, xl2tpd_pid)
             finally:
                 self.waiting -= 1
 
-    def _call_of(self, pid: int, end: float) -> tuple[Optional[CallInfo], str]:
-        # xl2tpd lists a call from its ICRQ on, before it forks the call's
-        # pppd: a control answer asked for after this pppd asked lists its call
-        since = time.monotonic()
+    def _call_of(self, pid: int, since: float, end: float,
+                 xl2tpd_pid: Optional[int]) -> tuple[Optional[CallInfo], str]:
         asked, kicked = float("-inf"), False
         refuted: dict[tuple, CallInfo] = {}
         while True:
             self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
             self.pending += self.d.observe_process(pid)
             claims = [c for c in self.d.tracker.calls() if c.pppd_pid == pid]
+            self._refute(refuted, pid, [c for c in claims if not self._of_parent(c, xl2tpd_pid)],
+                         "but that xl2tpd is not its parent")
+            claims = [c for c in claims if self._of_parent(c, xl2tpd_pid)]
             verdict = {id(c): self._listed(c, since) for c in claims}
             # a line naming a call xl2tpd does not list is a forged one: passed over
             self._refute(refuted, pid, [c for c in claims if verdict[id(c)] is False])
@@ -214,19 +220,28 @@ class CallWatch:
         return failed
 
     @staticmethod
-    def _refute(refuted: dict, pid: int, calls: list[CallInfo]) -> None:
+    def _refute(refuted: dict, pid: int, calls: list[CallInfo],
+                why: str = "but xl2tpd's control pipe does not list that call") -> None:
         for c in calls:
             key = (c.instance, c.tunnel_id, c.call_id)
             if key not in refuted:
                 refuted[key] = c.copy()
-                log.warning("pppd %d: the log names call %d of tunnel %s for it, but xl2tpd's control pipe does "
-                            "not list that call: passed over (a forged log line?)", pid, c.call_id, c.tunnel_id)
+                log.warning("pppd %d: the log of %s names call %d of tunnel %s for it, %s: passed over (a forged "
+                            "log line?)", pid, c.instance, c.call_id, c.tunnel_id, why)
+
+    def _of_parent(self, c: CallInfo, xl2tpd_pid: Optional[int]) -> bool:
+        """Claim ``c`` comes from the lines of pppd's own xl2tpd (or that
+        cannot be told: no verified parent, or the lines' xl2tpd not known)."""
+        ins = self.d.tracker.instances.get(c.instance)
+        known = ins.daemon_pid if ins is not None else None
+        return xl2tpd_pid is None or known is None or known == xl2tpd_pid
 
     def _listed(self, c: CallInfo, since: float) -> Optional[bool]:
-        """The control pipe's word on claim ``c``: True or False, None when
-        it has not answered since ``since``.  True when there is nothing to
-        ask (a LAC's call; an xl2tpd without a control pipe given)."""
-        if c.role != "lns" or not self.d.has_control(c.instance):
+        """The control pipe's word on claim ``c``, whatever role the log
+        gave it: True or False, None when it has not answered since
+        ``since``.  True when there is nothing to ask (an xl2tpd without a
+        control pipe given)."""
+        if not self.d.has_control(c.instance):
             return True
         return self.d.listed_by_control(c, since)
 

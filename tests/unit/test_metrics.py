@@ -356,3 +356,19 @@ def test_contrib_rules_pass_promtool_and_fire_on_their_series():
                  ["test", "rules", "contrib/tests/prometheus-alerts.test.yml"]):
         r = subprocess.run([str(promtool), *args], cwd=root, capture_output=True, text=True)
         assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_scrape_loop_costs_one_snapshot_a_second(srv, monkeypatch):
+    reg = metrics.CollectorRegistry()
+    col = metrics.ServeCollector(srv.service)
+    reg.register(col)
+    taken = []
+    real = srv.service.metrics
+    monkeypatch.setattr(srv.service, "metrics", lambda: taken.append(1) or real())
+    for _ in range(20):
+        generate_latest(reg)
+    assert len(taken) == 1
+    offload(srv, call(1))
+    col._cache = (col._cache[0] - col.MIN_INTERVAL, col._cache[1])  # a second later
+    text = generate_latest(reg).decode()
+    assert len(taken) == 2 and "pipexctl_offloaded_sessions 1.0" in text

@@ -439,7 +439,7 @@ def test_requests_at_once_share_one_control_question_asked_without_the_lock(watc
     def slow_available():
         inflight[0] += 1
         most[0] = max(most[0], inflight[0])
-        free.append(w.lock.acquire(blocking=False))  # the asker does not hold discovery's lock
+        free.append(w.lock.acquire(timeout=2.0))  # the asker does not hold discovery's lock (others may, briefly)
         if free[-1]:
             w.lock.release()
         time.sleep(0.3)  # xl2tpd busy in a storm
@@ -465,3 +465,81 @@ def test_requests_at_once_share_one_control_question_asked_without_the_lock(watc
         for p in pppds:
             p.kill()
             p.wait()
+
+
+def test_a_claim_from_another_xl2tpds_lines_is_passed_over(watched):
+    w, log = watched
+    pppd = _pppd_for()
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 100))
+        w.d.poll(reconcile=False)
+        w.d.tracker.inst(w.d.sources[0].name).daemon_pid = 147  # the lines' xl2tpd, as discovery verified it
+        call, why = w.call_of(pppd.pid, 0.5, xl2tpd_pid=999)  # pppd's parent is another xl2tpd
+        assert call is None, why
+        call, why = w.call_of(pppd.pid, 0.5, xl2tpd_pid=147)
+        assert call is not None and call.call_id == 100, why
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
+def test_a_listed_call_id_of_another_peer_does_not_confirm_a_claim(watched):
+    """status-lns lists call 100 for 10.99.1.2's tunnel; a line binding a
+    pppd to call 100 of 10.99.7.7 is not confirmed by it."""
+    w, log = watched
+    _with_control(w, StubControl([100]))
+    pppd = _pppd_for("10.99.7.7")
+    try:
+        with log.open("a") as f:  # two tunnels from 10.99.7.7: the LNS line cannot say which holds the call
+            f.write("xl2tpd[147]: Connection established to 10.99.7.7, 1701.  Local: 556, Remote: 557 (ref=0/0).  "
+                    "LNS session is 'default'\n")
+            f.write(_call_lines(pppd.pid, 100, peer="10.99.7.7", tid=555))
+        w.d.poll(reconcile=False)
+        assert [c.tunnel_id for c in w.d.tracker.calls() if c.pppd_pid == pppd.pid] == [None]
+        call, why = w.call_of(pppd.pid, 1.0)
+        assert call is None, (call, why)
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
+def test_a_lac_claim_on_a_tunnel_xl2tpd_does_not_list_is_passed_over(watched):
+    """The role comes from the lines: a forged LAC tunnel line and a forged
+    LAC call line for the pppd are checked against `available`'s tunnels."""
+    w, log = watched
+    _with_control(w, StubControl([100]))
+    pppd = _pppd_for()
+    try:
+        with log.open("a") as f:
+            f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 777, Remote: 778 (ref=1/1).\n"
+                    f"xl2tpd[147]: parameters: Local: 300 , Remote: 301 , Serial: 1 , Pid: {pppd.pid} , "
+                    f"Tunnelid: 777 , Phoneid: x\n")
+        w.d.poll(reconcile=False)
+        claims = [c for c in w.d.tracker.calls() if c.pppd_pid == pppd.pid]
+        assert claims and claims[0].role == "lac", claims  # the lines made it a LAC call
+        call, why = w.call_of(pppd.pid, 1.0)
+        assert call is None and "does not list it" in why, why
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
+def test_a_tunnel_id_of_a_live_offloaded_tunnel_is_not_taken_on_the_logs_word(svc):
+    from pipexctl.discovery.discovery import Listed
+
+    p = child()
+    try:
+        offload(svc, call(1, p.pid))
+        claim = call(5, 4343).copy(peer_tunnel_id=300)  # tunnel 100 again, another peer tunnel id
+        with pytest.raises(errors.ConflictError, match="not replaced"):
+            svc.offload(claim, 4343)
+        assert svc.tunnels[("xl2tpd", 100)].peer_tunnel_id == 200 and list(svc.tunnels[("xl2tpd", 100)].records) == [1]
+        # xl2tpd's control pipe lists the new tunnel's call: the old tunnel is gone for xl2tpd
+        svc.watch.d.listed["xl2tpd"] = Listed(time.monotonic(), frozenset({(100, 300)}),
+                                              frozenset({("192.0.2.7", 300, 5)}))
+        offload(svc, claim)
+        assert svc.tunnels[("xl2tpd", 100)].peer_tunnel_id == 300
+    finally:
+        p.kill()
+        p.wait()

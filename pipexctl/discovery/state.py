@@ -374,7 +374,11 @@ class Tracker:
             t = ins.tunnels.get(tid) if tid is not None else None
             old = ins.calls.get(rec.call_id)
             ev: list[Event] = []
-            if old is not None:
+            # xl2tpd's control pipe may list a call before its line is read:
+            # that line completes the call, it does not reuse its id
+            listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
+                            and old.peer == rec.peer and old.tunnel_id in (None, tid))
+            if old is not None and not listed_first:
                 ev += self._call_down(ins, rec.call_id, "call id reused")
             c = CallInfo(
                 instance=instance, role=role if t is None else t.role, section=t.section if t else None,

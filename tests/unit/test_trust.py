@@ -543,3 +543,21 @@ def test_a_tunnel_id_of_a_live_offloaded_tunnel_is_not_taken_on_the_logs_word(sv
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_call_the_control_pipe_listed_before_its_line_is_completed_not_ended(watched):
+    """In a burst the control pipe can list a call before its log line is
+    read: that line completes the call; it is no "call id reused" end."""
+    w, log = watched
+    _with_control(w, StubControl([100]))
+    with log.open("a") as f:
+        f.write(_call_lines(4321, 200))  # the tunnel line, and another call the pppd of which asks
+    w.d.poll(reconcile=False)
+    ev = w.d.apply_control(w.d.fetch_control(), w.d.control_known())  # lists call 100, not yet in the log
+    assert 100 in {c.call_id for c in w.d.tracker.calls()}
+    with log.open("a") as f:
+        f.write("xl2tpd[147]: Call established with 10.99.1.2, PID: 4322, Local: 100, Remote: 101, Serial: 2\n")
+    ev = w.d.poll(reconcile=False)
+    assert not [e for e in ev if type(e).__name__ == "CallDown"], ev
+    (c,) = [c for c in w.d.tracker.calls() if c.call_id == 100]
+    assert c.pppd_pid == 4322 and c.peer_call_id == 101

@@ -330,19 +330,15 @@ class OffloadService(Endings):
     # ---------------------------------------------------------- state
     def save(self) -> None:
         """Write the state file now (the caller holds the lock: snapshots are
-        numbered in the order the lock gives)."""
-        self.flush(self.snapshot())
+        numbered in the order the lock gives); a failure is logged."""
+        try:
+            self.state.flush(self.snapshot())
+        except OSError as e:
+            log.warning("cannot write state file %s: %s", self.state_path, e.strerror)
 
     def snapshot(self) -> int:
         """The state as it is now, to be written (the caller holds the lock)."""
         return self.state.snapshot(statefile.State(tunnels=[t.record() for t in self.tunnels.values()]))
-
-    def flush(self, n: int) -> None:
-        """Return once snapshot ``n`` or a later one is on disk."""
-        try:
-            self.state.flush(n)
-        except OSError as e:
-            log.warning("cannot write state file %s: %s", self.state_path, e.strerror)
 
     def shutdown(self) -> None:
         with self.lock:

@@ -202,7 +202,7 @@ class CallWatch:
         """Ask xl2tpd's control pipes and apply the answer; the caller holds
         the lock, which is released while the question is out (xl2tpd
         answers slowly in a login storm, and requests and the watcher go on
-        meanwhile).  Returns the failures."""
+        meanwhile).  Returns the failures (logged by the watcher)."""
         self._asking = time.monotonic()
         known = self.d.control_known()
         self.lock.release()
@@ -211,13 +211,9 @@ class CallWatch:
         finally:
             self.lock.acquire()
             self._asking = None
-        self.pending += self.d.apply_control(answers, known)
+        self.pending += self.d.apply_control(answers, known)  # failures join d.warnings: the watcher logs them
         self.polled.notify_all()
-        failed = [e for *_, e in answers if e is not None]
-        for w in failed:
-            log.warning("discovery: %s", w)
-        self.d.warnings[:] = [w for w in self.d.warnings if w not in failed]
-        return failed
+        return [e for *_, e in answers if e is not None]
 
     @staticmethod
     def _refute(refuted: dict, pid: int, calls: list[CallInfo],

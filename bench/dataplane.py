@@ -103,9 +103,7 @@ def bring_up(case: str) -> tuple[Lab, object, str]:
 
 def finish(lab: Lab) -> None:
     """Keep the lab's logs in the guest's results (when there are any) and tear it down."""
-    if os.environ.get("PIPEXCTL_RESULTS"):
-        lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
-    lab.teardown()
+    lab.teardown(keep_as="")
 
 
 def base_case(case: str) -> str:

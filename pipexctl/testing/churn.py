@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 
-from pathlib import Path
 
 from .lab import Lab, fd_kinds, kernel_objects, open_fds, plugin_options
 from .probe import ppp_inet_links, wait_until
@@ -149,11 +148,7 @@ def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=N
         report["stats"] = {i.name: lab.serve_status(i)["stats"] for i in insts}
         return report
     finally:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            d = Path(os.environ["PIPEXCTL_RESULTS"]) / "churn"
-            d.mkdir(exist_ok=True)
-            lab.keep_logs(d)
-        lab.teardown()
+        lab.teardown(keep_as="churn")
 
 
 def main(argv=None) -> int:

@@ -281,7 +281,15 @@ pppoptfile = {lac.dir}/options
                     out.append(int(p.name))
         return out
 
-    def teardown(self) -> None:
+    def teardown(self, keep_as: str | None = None) -> None:
+        """Stop everything and remove the namespaces.  ``keep_as``: when
+        the guest brings results back ($PIPEXCTL_RESULTS), first keep the
+        logs under that name there ("" for the results directory itself)."""
+        results = os.environ.get("PIPEXCTL_RESULTS")
+        if keep_as is not None and results:
+            dest = Path(results) / keep_as.replace("/", "_")
+            dest.mkdir(exist_ok=True)
+            self.keep_logs(dest)
         for p in self.serves:
             if p.poll() is None:
                 p.terminate()

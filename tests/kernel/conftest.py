@@ -23,9 +23,6 @@ from pipexctl.testing.probe import ip_json, wait_until  # noqa: F401  (tests imp
 @pytest.fixture(params=["userspace", "kernel"])
 def lab(request):
     """An xl2tpd LNS and two LACs, in xl2tpd's userspace and kernel mode."""
-    import os
-    from pathlib import Path
-
     from pipexctl.testing.lab import Lab
 
     lab = Lab(kernel_mode=request.param == "kernel").setup(2)
@@ -33,9 +30,7 @@ def lab(request):
         lab.start_all()
         yield lab
     finally:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            lab.keep_logs(Path(os.environ["PIPEXCTL_RESULTS"]))
-        lab.teardown()
+        lab.teardown(keep_as="")
 
 
 @pytest.fixture

@@ -90,11 +90,7 @@ def offloaded_call(lab, *lns_args):
 def lab(request):
     lab = Lab(kernel_mode=False).setup(2)
     yield lab
-    if os.environ.get("PIPEXCTL_RESULTS"):
-        d = Path(os.environ["PIPEXCTL_RESULTS"]) / request.node.name.replace("/", "_")
-        d.mkdir(exist_ok=True)
-        lab.keep_logs(d)
-    lab.teardown()
+    lab.teardown(keep_as=request.node.name)
 
 
 def test_offload_both_sides(lab):
@@ -454,8 +450,4 @@ def test_twenty_concurrent_calls_from_four_lacs_all_offloaded():
         for inst in [lab.lns, *lab.lacs]:
             wait_until(lambda: kernel_objects(inst.ns) == (0, 0, 0), f"{inst.name} clean", timeout=90, detail=lab.tails)
     finally:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            d = Path(os.environ["PIPEXCTL_RESULTS"]) / "test_twenty_concurrent_calls"
-            d.mkdir(exist_ok=True)
-            lab.keep_logs(d)
-        lab.teardown()
+        lab.teardown(keep_as="test_twenty_concurrent_calls")

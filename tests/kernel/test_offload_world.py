@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -37,11 +36,7 @@ def make_lab(request):
 
     yield make
     for lab in labs:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            d = Path(os.environ["PIPEXCTL_RESULTS"]) / request.node.name.replace("/", "_")
-            d.mkdir(exist_ok=True)
-            lab.keep_logs(d)
-        lab.teardown()
+        lab.teardown(keep_as=request.node.name)
 
 
 def offload_one(lab: Lab, sections: int = 1):

@@ -448,8 +448,4 @@ def test_twenty_calls_past_the_fd_limit_stay_on_their_ptys_and_nothing_leaks():
         wait_until(lambda: objects(lab.lns.ns)["sessions"] == 1, "the next call offloaded", timeout=60,
                    detail=lambda: serve_log(lab, lab.lns)[-3000:])
     finally:
-        if os.environ.get("PIPEXCTL_RESULTS"):
-            d = Path(os.environ["PIPEXCTL_RESULTS"]) / "test_twenty_calls_past_the_fd_limit"
-            d.mkdir(exist_ok=True)
-            lab.keep_logs(d)
-        lab.teardown()
+        lab.teardown(keep_as="test_twenty_calls_past_the_fd_limit")

@@ -54,6 +54,28 @@ def _modules() -> list[Check]:
     return out
 
 
+def sessions_per_namespace(release: str | None = None) -> bool:
+    """Linux 6.11+ looks an L2TPv2 data packet's session up in the namespace,
+    by tunnel and session id, whatever tunnel socket received it (6.1 looks
+    only in the receiving socket's tunnel).  A version test: the lookup
+    cannot be probed without building two tunnels and sending through them."""
+    rel = release or platform.release()
+    try:
+        major, minor = (int(x) for x in rel.split("-")[0].split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (6, 11)
+
+
+def _twins() -> Check:
+    if sessions_per_namespace():
+        return Check("second tunnel from one peer address and port", True,
+                     "on xl2tpd's port like the first (Linux 6.11+ finds sessions by id in the namespace)", False)
+    return Check("second tunnel from one peer address and port", bool(shutil.which("nft")),
+                 "on a private port, steered by nftables (Linux before 6.11); refused while IPsec policies "
+                 "are configured", False)
+
+
 def _genl() -> Check:
     try:
         from .netlink import L2tpNetlink
@@ -85,6 +107,7 @@ def run_checks() -> list[Check]:
     )
     nft = shutil.which("nft")
     checks.append(Check("nftables", bool(nft), nft or "nft not found: apt-get install nftables", required=False))
+    checks.append(_twins())
     checks.append(
         Check("root", os.geteuid() == 0, "running as root" if os.geteuid() == 0 else "not root: creating objects needs CAP_NET_ADMIN", required=False)
     )

@@ -13,10 +13,12 @@ and there is no rule for a firewall reload to remove.
 
 What is passed up belongs to xl2tpd: :class:`relay.Relay` hands it over.
 
-Linux before 6.11 looks a data packet's session up in the tunnel of the
-socket that received it, so a second tunnel from the same PEER:PORT (a
-twin) gets a socket on a private port and its data packets are steered to it
-by nftables (steering.py).
+A second tunnel from the same PEER:PORT (a twin): Linux 6.11+ finds a data
+packet's session by tunnel and session id in the namespace, whichever of
+the tunnels' sockets received it, so a twin's socket is made like any
+other.  Linux before 6.11 looks only in the receiving socket's tunnel, so
+there a twin gets a socket on a private port and its data packets are
+steered to it by nftables (steering.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from typing import Optional, Protocol
 
 from .. import errors, netns as _netns
+from ..kernel.check import sessions_per_namespace
 from ..kernel.pppol2tp import udp_socket
 from .relay import Relay, key_of
 from .steering import Nft, Steering, Twin
@@ -78,8 +81,12 @@ class KernelDataPath:
     """Tunnel sockets as xl2tpd's kernel mode makes them, the relay, and
     the steering of twins."""
 
-    def __init__(self, l2tp_port: int = 1701, netns: Optional[str] = None) -> None:
+    def __init__(self, l2tp_port: int = 1701, netns: Optional[str] = None,
+                 steer_twins: Optional[bool] = None) -> None:
+        """``steer_twins``: give twins private ports and nft steering; by
+        default only where the kernel needs it (before 6.11)."""
         self.l2tp_port, self.netns = l2tp_port, netns
+        self.steer_twins = not sessions_per_namespace() if steer_twins is None else steer_twins
         self.relay = Relay(l2tp_port, netns)
         self._check_warned = float("-inf")
         self.steering = Steering(Nft(netns), l2tp_port)
@@ -90,14 +97,16 @@ class KernelDataPath:
 
     def open(self, local: str, peer: str, peer_port: int, tunnel_id: int, twin: bool) -> socket.socket:
         """The tunnel's UDP socket, connected to PEER:PORT and relayed: on
-        LOCAL:l2tp_port, or for a twin on a private port with its steering."""
-        if twin:
+        LOCAL:l2tp_port, or for a twin that must be steered on a private
+        port with its steering."""
+        steer = twin and self.steer_twins
+        if steer:
             self._refuse_twin_under_ipsec(tunnel_id, peer, peer_port)
         with _netns.maybe_enter(self.netns):
             # no UDP checksums, like xl2tpd's own sockets
-            s = udp_socket((local, self.l2tp_port if not twin else 0), (peer, peer_port), no_check=True)
+            s = udp_socket((local, self.l2tp_port if not steer else 0), (peer, peer_port), no_check=True)
         try:
-            if twin:
+            if steer:
                 self.steering.add(Twin(local, s.getsockname()[1], peer, peer_port, tunnel_id))
             self.relay.attach(s)
         except BaseException:
@@ -143,7 +152,7 @@ class KernelDataPath:
         except OSError:
             sock.close()
             return
-        self.relay.detach((local, port, peer, peer_port))
+        self.relay.detach(sock)
         if port != self.l2tp_port:
             errors.quietly(lambda: self.steering.remove(Twin(local, port, peer, peer_port, tunnel_id)), log)
         sock.close()
@@ -152,7 +161,7 @@ class KernelDataPath:
         """Stop relaying ``sock`` and close our copy, leaving steering in
         place (the daemon stops; the kernel tunnel lives on in pppd)."""
         try:
-            self.relay.detach(key_of(sock))
+            self.relay.detach(sock)
         except OSError:
             pass
         sock.close()
@@ -172,7 +181,9 @@ class KernelDataPath:
         return bool(self.steering.twins)
 
     def settle(self) -> None:
-        errors.quietly(self.steering.settle, log)
+        # where twins are not steered (Linux 6.11+) nft is never touched, unless adopted sockets are steered
+        if self.steer_twins or self.steering.twins:
+            errors.quietly(self.steering.settle, log)
 
     def stats(self) -> dict:
         r = self.relay

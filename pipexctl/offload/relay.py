@@ -48,6 +48,12 @@ def key_of(sock: socket.socket) -> Key:
     return (*sock.getsockname(), *sock.getpeername())
 
 
+def _identity(sock: socket.socket) -> int:
+    """The socket itself (its inode, shared by every dup): two tunnels can
+    have sockets with the same addresses on Linux 6.11+."""
+    return os.fstat(sock.fileno()).st_ino
+
+
 def udp_packet(src: tuple[str, int], dst: tuple[str, int], payload: bytes) -> bytes:
     """An IPv4 + UDP datagram for a raw ``IPPROTO_RAW`` socket (pure).
 
@@ -114,7 +120,8 @@ class Relay:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
-        self._pending: list[tuple[str, Optional[socket.socket], Key]] = []
+        # (op, our copy of the socket, (its identity, its addresses))
+        self._pending: list[tuple[str, Optional[socket.socket], tuple[int, Optional[Key]]]] = []
         self._target: tuple[float, Optional[str]] = (0.0, None)  # when read, xl2tpd's address
         self._warned: dict[tuple[str, int], float] = {}  # (peer, port) -> when its dropped SCCRQ was last logged
         self.relayed = 0
@@ -125,10 +132,10 @@ class Relay:
         self._thread.start()
 
     def attach(self, sock: socket.socket) -> None:
-        self._change(("add", sock.dup(), key_of(sock)))
+        self._change(("add", sock.dup(), (_identity(sock), key_of(sock))))
 
-    def detach(self, key: Key) -> None:
-        self._change(("del", None, key))
+    def detach(self, sock: socket.socket) -> None:
+        self._change(("del", None, (_identity(sock), None)))
 
     def close(self) -> None:
         self._stop = True
@@ -154,15 +161,15 @@ class Relay:
     def _apply_pending(self) -> None:
         with self._lock:
             todo, self._pending = self._pending, []
-        for op, sock, key in todo:
-            self._drop(key)  # a socket for the same addresses can only be a stale one
+        for op, sock, data in todo:
+            self._drop(data[0])  # attaching a socket twice keeps one copy
             if op == "add":
                 sock.setblocking(False)
-                self.sel.register(sock, selectors.EVENT_READ, key)
+                self.sel.register(sock, selectors.EVENT_READ, data)
 
-    def _drop(self, key: Key) -> None:
+    def _drop(self, ident: int) -> None:
         for k in list(self.sel.get_map().values()):
-            if k.data == key:
+            if k.data is not None and k.data[0] == ident:
                 self.sel.unregister(k.fileobj)
                 k.fileobj.close()
 
@@ -177,7 +184,7 @@ class Relay:
                         except BlockingIOError:
                             pass
                         continue
-                    self._drain(k.fileobj, k.data)
+                    self._drain(k.fileobj, k.data[1])
             except Exception:  # the tunnels' control depends on this thread: never let it die
                 self.errors += 1
                 log.exception("relay: unexpected error; relaying on")

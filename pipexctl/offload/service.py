@@ -293,9 +293,8 @@ class OffloadService(Endings):
     def _new_tunnel(self, call: CallInfo, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:
         peer_port = call.peer_port or 1701
         local = self.datapath.local_for(call.peer, peer_port)
-        # a second tunnel from the same peer address and port cannot have
-        # xl2tpd's port too (Linux before 6.11 looks a data packet's session
-        # up in the tunnel of the socket that received it): a private port
+        # a second tunnel from the same peer address and port: the data path
+        # decides where its socket goes (a private port before Linux 6.11)
         twin = any((t.local, t.peer, t.peer_port, t.local_port) == (local, call.peer, peer_port, self.xl2tpd_port)
                    for t in self.tunnels.values())
         s = self.datapath.open(local, call.peer, peer_port, call.tunnel_id, twin)
@@ -311,7 +310,8 @@ class OffloadService(Endings):
             tx.on_rollback(lambda: self.exits.unwatch(xl2tpd_pid))
         self.failpoint("tunnel-created")
         log.info("kernel tunnel %d/%d on %s:%d <-> %s:%d%s", ts.tunnel_id, ts.peer_tunnel_id, local, ts.local_port,
-                 call.peer, peer_port, " (steered: another tunnel has this address pair)" if twin else "",
+                 call.peer, peer_port, "" if not twin else " (steered: another tunnel has this address pair)"
+                 if ts.local_port != self.xl2tpd_port else " (another tunnel has this address pair)",
                  extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": call.peer, "EVENT": "tunnel-made"}})
         return ts
 

@@ -20,10 +20,11 @@ import pytest
 from pipexctl import errors, netns
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.model import TunnelSpec
+from pipexctl.kernel.pppol2tp import PPPoL2TPSocket
 from pipexctl.offload.datapath import KernelDataPath
 from pipexctl.testing.ipsec import esp, wire_counter, wire_counts, xfrm_stat
 
-from .conftest import ip_l2tp, wait_until
+from .conftest import TWINS_STEERED, ip_l2tp, wait_until
 
 pytestmark = pytest.mark.kernel
 
@@ -45,7 +46,9 @@ def l2tp(t_bit: bool, tunnel: int, session: int) -> bytes:
     """An L2TPv2 header (+ a little payload): control with T, L, S set; data without."""
     if t_bit:
         return struct.pack("!HHHHHH", 0xC802, 12, tunnel, session, 0, 0)
-    return struct.pack("!HHH", 0x0002, tunnel, session) + b"\xff\x03\xc0\x21"
+    # the kernel passes up any data packet shorter than its longest header
+    # (L2TP_HDR_SIZE_MAX, 14 bytes) unread: this one is longer
+    return struct.pack("!HHH", 0x0002, tunnel, session) + b"\xff\x03\xc0\x21" + bytes(12)
 
 
 @contextlib.contextmanager
@@ -121,16 +124,91 @@ def test_through_a_kernel_tunnel_control_and_unknown_sessions_go_to_xl2tpd(side)
         b.close()
 
 
+def test_two_tunnels_on_one_address_pair_get_their_own_data_from_linux_6_11(side):
+    """Two kernel tunnels whose sockets are both LOCAL:1701 <-> PEER:1701,
+    one session each.  Linux 6.11+ finds each data packet's session by
+    tunnel and session id, whichever socket received it: both sessions get
+    their packets, nothing is passed up, and the daemon makes twins this way
+    (no steering, no nft table).  Before 6.11 the session is looked up only
+    in the tunnel of the socket that got the packet, so one of the two
+    tunnels' data misses its session and goes up to xl2tpd: there the
+    daemon steers twins (the test below)."""
+    pair, xl, dp, tsock, peer = side
+    assert dp.steer_twins == TWINS_STEERED
+    dp.steer_twins = False
+    twin = dp.open(pair.A4, pair.B4, 1701, 101, twin=True)
+    b = NetlinkBackend(netns=pair.a)
+    socks = {}
+    try:
+        assert twin.getsockname() == (pair.A4, 1701)
+        for tid, fd in ((100, tsock.fileno()), (101, twin.fileno())):
+            b.tunnel_create(TunnelSpec(tunnel_id=tid, peer_tunnel_id=tid + 100, version=2, fd=fd))
+            with netns.enter(pair.a):
+                socks[tid] = PPPoL2TPSocket()
+            socks[tid].connect(tunnel_id=tid, session_id=tid - 93, peer_tunnel_id=tid + 100,
+                               peer_session_id=tid - 30)  # sessions 7 and 8
+        for tid in (100, 101):
+            peer.sendto(l2tp(False, tid, tid - 93), (pair.A4, 1701))
+
+        # a session counts what it received before pppol2tp drops it (no PPP
+        # channel is bound here): the count says which lookups found it
+        def delivered() -> set[int]:
+            return {tid for tid in (100, 101) if b.session_get(tid, tid - 93).stats.rx_packets}
+
+        def seen() -> str:
+            return f" (delivered to {delivered()}, relayed {dp.relay.relayed}; {ip_l2tp(pair.a, 'session')})"
+
+        if TWINS_STEERED:
+            wait_until(lambda: dp.relay.relayed == 1, "the other tunnel's data passed up to xl2tpd", 10, seen)
+            assert len(delivered()) == 1, seen()
+            (missed,) = {100, 101} - delivered()
+            assert xl.recvfrom(100)[0] == l2tp(False, missed, missed - 93)
+        else:
+            wait_until(lambda: delivered() == {100, 101}, "each tunnel's data in its own session", 10, seen)
+            assert dp.relay.relayed == 0
+        assert "pipexctl" not in sh("ip", "netns", "exec", pair.a, "nft", "list", "tables")
+        # the relay holds both sockets apart: closing the twin keeps the first relayed
+        for s in socks.values():
+            s.close()
+        b.tunnel_delete(101)
+        dp.close_tunnel(twin, 101)
+        # a peer retransmits its control: one of three HELLOs must reach xl2tpd
+        # (on 6.1, where twins are steered instead, the first after the close
+        # was lost in one run of three; not seen on 6.12)
+        xl.settimeout(3)
+        for _ in range(3):
+            peer.sendto(l2tp(True, 100, 0), (pair.A4, 1701))
+            try:
+                assert xl.recvfrom(100)[0] == l2tp(True, 100, 0)
+                break
+            except TimeoutError:
+                continue
+        else:
+            raise AssertionError("the first tunnel's control no longer reaches xl2tpd after the twin closed")
+    finally:
+        for s in socks.values():
+            s.close()
+        for tid in (100, 101):
+            try:
+                b.tunnel_delete(tid)
+            except errors.NotFoundError:
+                pass
+        b.close()
+        twin.close()
+
+
 def test_a_twin_tunnels_data_is_steered_to_its_own_socket_and_survives_a_ruleset_flush(side):
-    """A second tunnel from the same peer address and port: its data packets
+    """A second tunnel from the same peer address and port, steered (as the
+    daemon does before Linux 6.11; checked on every kernel): its data packets
     (both header layouts) reach its private socket, not the first tunnel's;
     its control still goes to xl2tpd; `nft flush ruleset` is repaired by check()."""
     pair, xl, dp, tsock, peer = side
+    dp.steer_twins = True
     twin = dp.open(pair.A4, pair.B4, 1701, 101, twin=True)
     try:
         port = twin.getsockname()[1]
         assert port != 1701
-        dp.relay.detach((pair.A4, port, pair.B4, 1701))  # read the twin's socket here instead
+        dp.relay.detach(twin)  # read the twin's socket here instead
         twin.settimeout(5)
         with_l = struct.pack("!HHHH", 0x4002, 10, 101, 7) + b"\xff\x03"
         for pkt in (l2tp(False, 101, 7), with_l):
@@ -178,10 +256,12 @@ def test_under_esp_nothing_crosses_in_cleartext_and_the_relay_still_reaches_xl2t
         assert xfrm_stat(ns, "XfrmInTmplMismatch") == 0 and xfrm_stat(ns, "XfrmInNoPols") == 0
 
 
-def test_a_twin_is_refused_while_ipsec_policies_are_configured(side):
-    """A twin's private port would escape a policy on UDP/1701 (its port is
-    rewritten after the policy lookup): refused, nothing opened or steered."""
+def test_a_steered_twin_is_refused_while_ipsec_policies_are_configured(side):
+    """A steered twin's private port would escape a policy on UDP/1701 (its
+    port is rewritten after the policy lookup): refused, nothing opened or
+    steered.  (From Linux 6.11 a twin is not steered: test_offload_world.)"""
     pair, xl, dp, tsock, peer = side
+    dp.steer_twins = True
     esp(pair.a, pair.A4, pair.b, pair.B4, "1701")
     with pytest.raises(errors.ConflictError, match="IPsec policies are configured"):
         dp.open(pair.A4, pair.B4, 1701, 101, twin=True)

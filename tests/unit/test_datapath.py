@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from pipexctl import errors
+from pipexctl.kernel.check import sessions_per_namespace
 from pipexctl.offload import steering
 from pipexctl.offload.relay import MAX_DATAGRAM, l2tp_tunnel_id, udp_packet, xl2tpd_address
 from pipexctl.offload.steering import Twin
@@ -125,3 +126,11 @@ def test_adopted_twins_are_written_in_one_transaction_by_settle():
     st2 = steering.Steering(nft)
     st2.settle()  # nothing held (none adopted): the stale table goes
     assert "delete table ip pipexctl" in nft.ran[-1] and not nft.table
+
+
+@pytest.mark.parametrize("release, per_namespace", [
+    ("6.1.0-57-amd64", False), ("6.10.14", False), ("6.11.0", True), ("6.12.117+deb13-amd64", True),
+    ("7.0.1-arch1", True), ("5.15.0-1-generic", False), ("garbage", False),
+])
+def test_twins_are_steered_only_before_linux_6_11(release, per_namespace):
+    assert sessions_per_namespace(release) is per_namespace

@@ -26,6 +26,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from typing import Iterable
 
 
@@ -495,6 +496,23 @@ class L2tpNetlink:
 
     def tunnel_delete(self, tunnel_id: int) -> None:
         self._request(build_tunnel_delete(tunnel_id), NLM_F_REQUEST | NLM_F_ACK, f"tunnel {tunnel_id}", "delete")
+        self._wait_gone(lambda: self.tunnel_get(tunnel_id))
+
+    def _wait_gone(self, get) -> None:
+        """Return once ``get`` says not found, or after 5 s.  The kernel
+        answers a delete before it has taken the object out of its tables:
+        6.12 does that in deferred work, 6.1 too for a tunnel (its sessions
+        one RCU grace period each: 600 took over 2 s under TCG).  Until then
+        it is still listed, a session still counts in its tunnel, and its id
+        cannot be taken again.  After 5 s the delete stands as accepted."""
+        delay, end = 0.001, time.monotonic() + 5.0
+        while time.monotonic() < end:
+            try:
+                get()
+            except errors.NotFoundError:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     def tunnel_modify(self, tunnel_id: int, debug: int | None = None) -> None:
         self._request(
@@ -542,6 +560,7 @@ class L2tpNetlink:
             f"session {session_id} in tunnel {tunnel_id}",
             "delete",
         )
+        self._wait_gone(lambda: self.session_get(tunnel_id, session_id))
 
     def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None:
         self._request(

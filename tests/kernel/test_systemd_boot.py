@@ -99,7 +99,9 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         sh("apt-get", "install", "-y", str(deb), timeout=600)  # a local file: nothing to download
         sh("pipexctl", "check")
         sh("systemctl", "enable", "--now", "pipexctl.socket", "pipexctl.service")
-        out = sh("pipexctl", "offload", "enable")
+        # --timeout 30: a pppd that asks during a daemon restart waits pipexctl_timeout
+        # for the next daemon; under TCG on a slow host a start takes ~10 s (5 s default)
+        out = sh("pipexctl", "offload", "enable", "--timeout", "30")
         assert "plugin pipexctl.so" in Path("/etc/ppp/options.xl2tpd").read_text(), out
         wait_until(lambda: sh("systemctl", "is-active", "pipexctl.service", check=False).strip() == "active",
                    "pipexctl.service active (READY=1 after its reconcile)", timeout=120, detail=state)

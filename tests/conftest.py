@@ -47,12 +47,16 @@ def guest_init(item) -> str:
 
 def guest_flavours(item) -> list[str]:
     """Which Debians a kernel test runs on: each of ``PIPEXCTL_DEBIAN``
-    (default "12"; `make test DEBIAN=13`, or "12,13" for both), except tests
+    (default "12,13", both; `make test DEBIAN=12` for one), except tests
     pinned to Debian 12 (marker ``debian12``: the bookworm .deb, the Ansible
-    role's build on bookworm; and systemd as PID 1), which run there only."""
+    role's build on bookworm; and systemd as PID 1), which run there only,
+    and tests marked ``one_debian`` (what the kernel and pppd version do not
+    change), which run on the first of them only (docs/testing.md)."""
     if item.get_closest_marker("debian12") or guest_init(item) == "systemd":
         return ["debian12"]
-    want = [v.strip() for v in os.environ.get("PIPEXCTL_DEBIAN", "12").replace(" ", ",").split(",") if v.strip()]
+    want = [v.strip() for v in os.environ.get("PIPEXCTL_DEBIAN", "12,13").replace(" ", ",").split(",") if v.strip()]
+    if item.get_closest_marker("one_debian"):
+        want = want[:1]
     return [f"debian{v}" for v in want]
 
 
@@ -164,6 +168,8 @@ class GuestItem(pytest.Item):
         return self.path, None, f"[guest] {self.target_nodeid}"
 
 
+# after -m/-k deselection, so a guest runs only the tests selected
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     if GUEST_REPORT:
         return

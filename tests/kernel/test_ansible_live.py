@@ -86,6 +86,7 @@ def test_both_modules_against_the_kernel_and_options_files(pair, tmp_path):
     assert missing.read_text() == "noauth\n" and kmode.read_text() == "plugin pppol2tp.so\n"
 
 
+@pytest.mark.long('390 s under TCG: the role twice; test_both_modules runs the modules against the kernel')
 def test_role_changed_then_unchanged(tmp_path):
     conf = tmp_path / "xl2tpd.conf"
     lns_opts, lac_opts = tmp_path / "options.lns", tmp_path / "options.lac"

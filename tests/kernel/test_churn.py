@@ -12,7 +12,7 @@ import pytest
 
 from pipexctl.testing.churn import KINDS, churn
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.long("110 s under TCG; `make churn` runs 1,000 cycles"), pytest.mark.one_debian("call lifecycles in the daemon; the kernel calls it makes are the offload tests'")]
 
 
 def test_churn_leaves_nothing():

@@ -119,6 +119,7 @@ def test_watch_events_once_in_order(lab):
     assert seq[6][1] == first.call_id and seq[7][2] == first.tunnel_id
 
 
+@pytest.mark.one_debian("the CLI's rendering of discovery; test_discover_lns_and_lac reads both kernels")
 def test_discover_cli_json_transcript(lab):
     l1, _ = lab.lacs
     lab.connect(l1)

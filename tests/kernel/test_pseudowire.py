@@ -102,6 +102,7 @@ def _cli(ns, *args):
                           capture_output=True, text=True)
 
 
+@pytest.mark.one_debian('the CLI over the library; test_pseudowire_library and test_errors meet both kernels')
 def test_pseudowire_cli_end_to_end(pair):
     """The operator's commands from the issue, as separate processes."""
     r = _cli(pair.a, "addsess", "l2tp", "--version", "3", "--pw", "eth", "--encap", "udp", "--tunnel-id", "100",

@@ -23,7 +23,7 @@ from .conftest import ip_l2tp, wait_until
 from .test_offload import lab  # noqa: F401  (the userspace-mode lab fixture, shared)
 from .test_offload import PLUGIN, ping, ppp_up
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.one_debian("the daemon's restart on a held socket, userspace only")]
 
 # pppd waits for the daemon's answer up to 40 s: a restart under emulation
 # takes about 10 s before the new daemon accepts

@@ -10,7 +10,7 @@ from pipexctl.discovery.discovery import Discovery
 
 from .conftest import Watcher
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.one_debian("discovery following xl2tpd's restarts, userspace only")]
 
 
 def test_watch_across_xl2tpd_kill_and_restart(lab):

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipexctl.testing.vm import VMError, run_in_guest  # noqa: E402
+from pipexctl.testing.vm import VMError, flavour, run_in_guest  # noqa: E402
 
 LABELS = {
     "a-veth": "(a) bare veth, MTU 1400, TSO/GSO off",
@@ -253,14 +253,19 @@ def main() -> int:
     p.add_argument("--seconds", type=int, default=10)
     p.add_argument("--storm", default="25,100", help="calls dialled at once in the login-storm rows")
     p.add_argument("--scrape-k", default="20", help="calls dialled at once in the scrape-loop rows ('' to skip them)")
+    p.add_argument("--debian", choices=("12", "13"), default="12",
+                   help="the guest: 12 (kernel 6.1, pppd 2.4.9) or 13 (kernel 6.12, pppd 2.5.2)")
     a = p.parse_args()
-    cmd = (f"{sys.executable} bench/dataplane.py --runs {a.runs} --seconds {a.seconds}; "
-           f"{sys.executable} bench/controlplane.py; "
-           f"{sys.executable} bench/loginstorm.py --k {a.storm}"
-           + (f"; {sys.executable} bench/loginstorm.py --k {a.scrape_k} --cases d,s,s,d "
-              f"--out \"$PIPEXCTL_RESULTS/loginstorm-scrape.json\"" if a.scrape_k else ""))
     try:
-        r = run_in_guest(["sh", "-c", cmd], cwd=str(ROOT), keep_results=True, progress=True, timeout=5400)
+        fl = flavour(f"debian{a.debian}")
+        py = fl.python
+        cmd = (f"{py} bench/dataplane.py --runs {a.runs} --seconds {a.seconds}; "
+               f"{py} bench/controlplane.py; "
+               f"{py} bench/loginstorm.py --k {a.storm}"
+               + (f"; {py} bench/loginstorm.py --k {a.scrape_k} --cases d,s,s,d "
+                  f"--out \"$PIPEXCTL_RESULTS/loginstorm-scrape.json\"" if a.scrape_k else ""))
+        r = run_in_guest(["sh", "-c", cmd], cwd=str(ROOT), keep_results=True, progress=True, timeout=5400,
+                         flavour_name=fl.name)
     except VMError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 125
@@ -277,6 +282,7 @@ def main() -> int:
     if scf.exists():
         res["loginstorm"].setdefault("rows", []).extend(json.loads(scf.read_text())["rows"])
     res["guest_seconds"] = r.total_seconds
+    res["guest_flavour"] = fl.name
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

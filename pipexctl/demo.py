@@ -92,7 +92,11 @@ def offload_lab(seconds: int) -> bool:
 
 
 def in_guest(seconds: int) -> int:
-    print(f"pipexctl {__version__} demo, kernel {os.uname().release}, {os.cpu_count()} vCPUs")
+    r = subprocess.run(["pppd", "--version"], capture_output=True, text=True)  # 2.4.9 prints on stderr
+    pppd = r.stdout + r.stderr
+    distro = _sh("cat", "/etc/debian_version", check=False).strip()
+    print(f"pipexctl {__version__} demo, Debian {distro}, kernel {os.uname().release}, "
+          f"{pppd.strip() or 'pppd ?'}, {os.cpu_count()} vCPUs")
     _sh("modprobe", "-a", "l2tp_eth", "l2tp_netlink", "l2tp_ppp")
     print("\n== Part A: offloading a userspace-mode xl2tpd ==")
     ok = offload_lab(seconds)
@@ -157,15 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipexctl.demo", description="pipexctl's built-in lab demo")
     p.add_argument("--in-guest", action="store_true", help="run the lab here (needs root and an L2TP kernel)")
     p.add_argument("--seconds", type=int, default=5, help="iperf3 duration per measurement")
+    p.add_argument("--debian", choices=("12", "13"), default=os.environ.get("PIPEXCTL_DEBIAN") or "12",
+                   help="the guest: 12 (kernel 6.1, pppd 2.4.9) or 13 (kernel 6.12, pppd 2.5.2); "
+                        "default $PIPEXCTL_DEBIAN or 12")
     a = p.parse_args(argv)
     if a.in_guest:
         return in_guest(a.seconds)
-    from .testing.vm import VMError, run_in_guest
+    from .testing.vm import VMError, flavour, run_in_guest
 
-    print("Booting the Debian-kernel guest (QEMU, software emulation); the lab runs inside it.", flush=True)
+    print(f"Booting the Debian {a.debian} guest (QEMU, software emulation); the lab runs inside it.", flush=True)
     try:
-        r = run_in_guest([sys.executable, "-m", "pipexctl.demo", "--in-guest", "--seconds", str(a.seconds)],
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), progress=True)
+        fl = flavour(f"debian{a.debian}")
+        r = run_in_guest([fl.python, "-m", "pipexctl.demo", "--in-guest", "--seconds", str(a.seconds)],
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), progress=True,
+                         flavour_name=fl.name)
     except VMError as e:
         print(f"demo: {e}", file=sys.stderr)
         return 125

@@ -30,7 +30,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipexctl.testing.ipsec import esp, wire_counter, wire_counts  # noqa: E402
-from pipexctl.testing.lab import PPP_OPTS_COMMON, PPP_OPTS_STOCK, Lab, iperf_client, iperf_server, plugin_options, wait_ppp  # noqa: E402,E501
+from pipexctl.testing.lab import (  # noqa: E402,E501
+    PPP_OPTS_COMMON,
+    PPP_OPTS_STOCK,
+    Lab,
+    iperf_client,
+    iperf_server,
+    plugin_options,
+    wait_ppp,
+)
 
 
 def sh(*c: str) -> str:

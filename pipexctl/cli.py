@@ -649,7 +649,7 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
             if as_json:
                 click.echo(e.model_dump_json(exclude={"call": {"pppd_argv"}}))
             else:
-                obj = getattr(e, "call", None) or getattr(e, "tunnel")
+                obj = getattr(e, "call", None) or e.tunnel
                 what = (f"call {obj.call_id}/{obj.peer_call_id} tunnel {obj.tunnel_id}/{obj.peer_tunnel_id} "
                         f"pppd {obj.pppd_pid or '-'} {obj.data_path}" if hasattr(obj, "call_id")
                         else f"tunnel {obj.tunnel_id}/{obj.peer_tunnel_id} {obj.role} {obj.peer}")
@@ -723,10 +723,9 @@ def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socke
     import signal as _signal
 
     from .kernel.backend import NetlinkBackend
+    from .offload import journal
     from .offload.datapath import KernelDataPath
     from .offload.server import OffloadServer
-
-    from .offload import journal
 
     if journal.under_journald():
         # records with fields (TUNNEL_ID, CALL_ID, PEER): `journalctl -u pipexctl TUNNEL_ID=17`

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from .. import errors
-from . import logparse as lp
-from . import procscan
+from . import logparse as lp, procscan
 from .control import ControlClient, ControlError
 from .state import CallDown, CallInfo, CallUp, Event, Tracker, TunnelDown, TunnelInfo, TunnelUp
 

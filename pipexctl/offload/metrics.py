@@ -11,8 +11,13 @@ import threading
 import time
 from typing import Iterator
 
-from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, GaugeMetricFamily,
-                                   HistogramMetricFamily, InfoMetricFamily)
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")

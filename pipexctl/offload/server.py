@@ -34,8 +34,8 @@ from ..discovery import procscan
 from ..discovery.discovery import Discovery
 from ..kernel.backend import KernelBackend
 from . import paths, reconcile, sdnotify
-from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, is_ack, parse_request, reply
 from .datapath import DataPath
+from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, is_ack, parse_request, reply
 from .service import OffloadService
 from .watch import CallWatch, FdEvent
 

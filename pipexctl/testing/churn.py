@@ -26,7 +26,6 @@ import signal
 import sys
 import time
 
-
 from .lab import Lab, fd_kinds, kernel_objects, open_fds, plugin_options
 from .probe import ppp_inet_links, wait_until
 

@@ -424,7 +424,8 @@ def run_in_guest(
         proc.kill()
         proc.wait()
         t.join(5)
-        raise VMError(f"guest did not finish within {timeout:.0f} s (killed); console tail:\n{''.join(console[-30:])}")
+        raise VMError(f"guest did not finish within {timeout:.0f} s (killed); console tail:\n"
+                      f"{''.join(console[-30:])}") from None
     finally:
         if spinner:
             spinner.stop()

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from pipexctl import netns
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.kernel.check import sessions_per_namespace
 from pipexctl.orchestrator import Orchestrator
-from pipexctl import netns
 from pipexctl.testing.probe import ip_json, wait_until  # noqa: F401  (tests import wait_until from here)
 
 # A second tunnel from one peer address and port: steered by nft before Linux

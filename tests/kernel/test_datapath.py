@@ -19,8 +19,8 @@ import pytest
 
 from pipexctl import errors, netns
 from pipexctl.kernel.backend import NetlinkBackend
-from pipexctl.model import TunnelSpec
 from pipexctl.kernel.pppol2tp import PPPoL2TPSocket
+from pipexctl.model import TunnelSpec
 from pipexctl.offload.datapath import KernelDataPath
 from pipexctl.testing.ipsec import esp, wire_counter, wire_counts, xfrm_stat
 

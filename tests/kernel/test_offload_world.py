@@ -16,7 +16,7 @@ import time
 import pytest
 
 from pipexctl.testing.ipsec import esp, wire_counter, wire_counts, xfrm_stat
-from pipexctl.testing.lab import PPP_OPTS_STOCK, IPERF_PORT, Lab, iperf_client, iperf_server, plugin_options
+from pipexctl.testing.lab import IPERF_PORT, PPP_OPTS_STOCK, Lab, iperf_client, iperf_server, plugin_options
 from pipexctl.testing.probe import ppp_peer_addrs
 
 from .conftest import TWINS_STEERED, ip_l2tp, wait_until

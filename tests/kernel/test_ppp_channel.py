@@ -15,12 +15,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from pipexctl import netns
 from pipexctl.cli import AppContext, cli
 from pipexctl.kernel import uapi
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.kernel.pppol2tp import udp_socket
 from pipexctl.model import PwType, SessionSpec, TunnelSpec
-from pipexctl import netns
 
 from .conftest import ip_l2tp
 

@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
-
 from .conftest import ip_l2tp, wait_until
-from .test_offload import lab  # noqa: F401  (the userspace-mode lab fixture, shared)
-from .test_offload import PLUGIN, ping, ppp_up
+from .test_offload import (
+    PLUGIN,
+    lab,  # noqa: F401  (the userspace-mode lab fixture, shared)
+    ping,
+    ppp_up,
+)
 
 pytestmark = [pytest.mark.kernel, pytest.mark.one_debian("the daemon's restart on a held socket, userspace only")]
 

@@ -25,13 +25,20 @@ import pytest
 
 from pipexctl import errors
 from pipexctl.offload.client import ask
-from pipexctl.testing.lab import Lab, _xl2tpd_pid, plugin_options
-from pipexctl.testing.lab import kernel_objects as objects
+from pipexctl.testing.lab import Lab, _xl2tpd_pid, kernel_objects as objects, plugin_options
 from pipexctl.testing.probe import ppp_peer_addrs
 
 from .conftest import TWINS_STEERED, ip_l2tp, wait_until
-from .test_offload import lab  # noqa: F401  (the userspace-mode lab fixture, shared)
-from .test_offload import PLUGIN, WITH_PLUGIN, kernel_objects, offloaded_call, ping, ppp_up, pty_fds
+from .test_offload import (
+    PLUGIN,
+    WITH_PLUGIN,
+    kernel_objects,
+    lab,  # noqa: F401  (the userspace-mode lab fixture, shared)
+    offloaded_call,
+    ping,
+    ppp_up,
+    pty_fds,
+)
 
 pytestmark = pytest.mark.kernel
 

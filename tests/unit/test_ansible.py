@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from pipexctl.offload import pppopts
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipexctl.discovery import control as ctl
-from pipexctl.discovery import logparse as lp
+from pipexctl.discovery import control as ctl, logparse as lp
 from pipexctl.discovery.discovery import Discovery, LogFile
 from pipexctl.discovery.state import Tracker
 

@@ -12,8 +12,7 @@ import struct
 
 import pytest
 
-from pipexctl.kernel import netlink as nl
-from pipexctl.kernel import uapi
+from pipexctl.kernel import netlink as nl, uapi
 from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
 
 FAMILY, FLAGS, SEQ, PID = 0x1D, 0x5, 7, 4242

@@ -17,8 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "tests" / "unit" / "c" / "plugin_harness.c"

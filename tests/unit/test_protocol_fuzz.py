@@ -6,14 +6,13 @@ valid answer), nothing is made, and the daemon keeps serving."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.kernel.backend import NullBackend

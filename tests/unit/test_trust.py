@@ -16,10 +16,9 @@ import time
 import pytest
 
 from pipexctl import errors
-from pipexctl.discovery import logparse as lp
-from pipexctl.discovery import procscan
+from pipexctl.discovery import logparse as lp, procscan
 from pipexctl.discovery.discovery import Discovery
-from pipexctl.discovery.state import CallDown, CallInfo, TunnelDown, TunnelInfo, Tracker
+from pipexctl.discovery.state import CallDown, CallInfo, Tracker, TunnelDown, TunnelInfo
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload import endings, paths, statefile
 from pipexctl.offload.datapath import NullDataPath
@@ -417,7 +416,7 @@ def test_a_control_answer_fetched_before_a_call_began_does_not_end_it(watched):
     known = w.d.control_known()
     answers = w.d.fetch_control()  # xl2tpd answers: call 100 only
     with log.open("a") as f:  # then call 200 is established and logged
-        f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: 4322, Local: 200, Remote: 201, Serial: 2\n")
+        f.write("xl2tpd[147]: Call established with 10.99.1.2, PID: 4322, Local: 200, Remote: 201, Serial: 2\n")
     w.d.poll(reconcile=False)
     ev = w.d.apply_control(answers, known)
     assert {c.call_id for c in w.d.tracker.calls()} == {100, 200}, ev

@@ -39,12 +39,19 @@ def make_lab(request):
         lab.teardown(keep_as=request.node.name)
 
 
-def offload_one(lab: Lab, sections: int = 1):
+def offload_one(lab: Lab, sections: int = 1, in_order: bool = False):
+    """One LAC's calls, one per section, offloaded on both sides.  With
+    ``in_order`` each is offloaded before the next is dialled, so the first
+    section's tunnel is the one on xl2tpd's port and the later ones are its
+    twins; otherwise they are dialled at once and either can be."""
     lab.start_all(WITH_PLUGIN)
     l1 = lab.lacs[0]
     lab.serve_all([lab.lns, l1])
-    for section in lab.section_names()[:sections]:
+    for n, section in enumerate(lab.section_names()[:sections], 1):
         lab.connect(l1, section=section)
+        if in_order:
+            wait_until(lambda n=n: len(ip_l2tp(lab.lns.ns, "session")) == n == len(ip_l2tp(l1.ns, "session")),
+                       f"call {n} offloaded on both sides", detail=lab.tails)
     wait_until(lambda: len(ppp_peer_addrs(lab.lns.ns)) == sections and ppp_up(l1.ns), "PPP up", detail=lab.tails)
     wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == sections == len(ip_l2tp(l1.ns, "session")),
                "offloaded on both sides", detail=lab.tails)
@@ -188,7 +195,10 @@ def test_a_daemon_outage_keeps_both_calls_and_queued_control_reaches_xl2tpd_afte
     is back (15 s later) the relay hands it over and xl2tpd closes the
     tunnel.  The other call is adopted and still carries data."""
     lab = make_lab(sections=2)
-    l1 = offload_one(lab, sections=2)
+    # in order: the second section's tunnel is the twin (dialled at once, the
+    # twin could be the first section's, and hanging up the second would then
+    # close the socket on xl2tpd's port, which its StopCCN could not wait in)
+    l1 = offload_one(lab, sections=2, in_order=True)
     ids = [t["tunnel_id"] for t in lab.serve_status(lab.lns)["tunnels"]]
     assert sorted(t["steered"] for t in lab.serve_status(lab.lns)["tunnels"]) == [False, TWINS_STEERED]
     (srv,) = [p for p in lab.serves if lab.serve_socket(lab.lns) in p.args]

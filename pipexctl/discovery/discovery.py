@@ -332,8 +332,12 @@ class Discovery:
                         now = procscan._read(c.pppd_pid, with_fds=False)
                     except OSError:  # out of fds here: nothing known of it, nothing ended
                         continue
-                    if now is None or now.comm != "pppd" or now.ppid != ins.daemon_pid:
+                    if now is None or now.ppid != ins.daemon_pid:
                         ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
+                        continue
+                    if now.comm != "pppd":
+                        # xl2tpd logs the call after fork(), before its child
+                        # has exec'd pppd: not started yet, not ended
                         continue
                 if c.pppd_pid is None:
                     cands = [k for k in kids if k.pid not in taken and _matches(k, c)]

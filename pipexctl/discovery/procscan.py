@@ -105,6 +105,8 @@ def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
             full = _read(p.pid, with_fds=True)
             if full:
                 pppds.append(full)
+    # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon
+    daemons = [d for d in daemons if d.ppid not in {x.pid for x in daemons}]
     children: dict[int, list[Proc]] = {d.pid: [] for d in daemons}
     for p in pppds:
         if p.ppid in children:

@@ -420,3 +420,70 @@ def test_a_serial_with_no_pending_line_drops_the_anchor():
     # and so for the rest (none of them is guessed)
     assert got == {36108: None, 18800: None, 56946: None}
     assert t.inst("lac").serial_anchor is None
+
+
+def test_a_call_whose_child_has_not_exec_d_pppd_yet_is_not_ended_by_a_proc_scan(tmp_path):
+    """xl2tpd logs "Call established ... PID: N" right after fork(), while
+    child N may still be a copy of xl2tpd that has not exec'd pppd (a slow
+    machine under a login storm): a /proc scan then is no proof the call
+    ended (seen: 2 of 25 calls refused in a Debian 13 storm).  A gone
+    process still ends it.  This test process stands in for xl2tpd; a
+    ``sleep`` child for its pppd before the exec."""
+    import subprocess
+
+    from pipexctl.discovery import procscan
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        me = os.getpid()
+        log = tmp_path / "x.log"
+        log.write_text(f"xl2tpd[{me}]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
+                       f"(ref=0/0).  LNS session is 'default'\n"
+                       f"xl2tpd[{me}]: Call established with 10.99.1.2, PID: {child.pid}, Local: 19361, "
+                       f"Remote: 13604, Serial: 1\n")
+        d = Discovery([str(log)], proc=False, kernel=False)
+        d.poll(reconcile=False)
+        d.proc = True
+        (c,) = d.tracker.calls()
+        assert c.pppd_pid == child.pid and d.tracker.inst(d.sources[0].name).daemon_pid == me
+        xl2tpd = procscan.Proc(pid=me, ppid=os.getppid(), comm="xl2tpd", argv=["xl2tpd"], start=0)
+        assert d._reconcile_proc(scanned=([xl2tpd], {me: []})) == []
+        assert [x.call_id for x in d.tracker.calls()] == [19361]
+        child.kill()
+        child.wait()
+        (down,) = d._reconcile_proc(scanned=([xl2tpd], {me: []}))
+        assert down.reason == f"pppd {child.pid} exited" and d.tracker.calls() == []
+        d.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_forked_child_of_xl2tpd_still_named_xl2tpd_is_no_daemon():
+    """Between fork() and exec of pppd, xl2tpd's child carries its name: the
+    scan counts the parent alone as an xl2tpd (comm set with prctl here)."""
+    import subprocess
+    import sys
+
+    from pipexctl.discovery import procscan
+
+    code = ("import ctypes, os, sys, time\n"
+            "ctypes.CDLL(None).prctl(15, b'xl2tpd', 0, 0, 0)\n"  # PR_SET_NAME
+            "kid = os.fork()\n"
+            "if kid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "print(kid, flush=True)\n"
+            "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        kid = int(p.stdout.readline())
+        assert procscan.comm_ppid(kid) == ("xl2tpd", p.pid)
+        daemons, children = procscan.scan()
+        pids = {d.pid for d in daemons}
+        assert p.pid in pids and kid not in pids and children[p.pid] == []
+    finally:
+        p.kill()
+        p.wait()
+        try:
+            os.kill(kid, 9)
+        except (ProcessLookupError, NameError):
+            pass

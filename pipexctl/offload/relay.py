@@ -31,7 +31,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from .. import netns as _netns
 
@@ -120,8 +120,8 @@ class Relay:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
-        # (op, our copy of the socket, (its identity, its addresses))
-        self._pending: list[tuple[str, Optional[socket.socket], tuple[int, Optional[Key]]]] = []
+        # (op, our copy of the socket to add or the event a detach waits on, (its identity, its addresses))
+        self._pending: list[tuple[str, Any, tuple[int, Optional[Key]]]] = []
         self._target: tuple[float, Optional[str]] = (0.0, None)  # when read, xl2tpd's address
         self._warned: dict[tuple[str, int], float] = {}  # (peer, port) -> when its dropped SCCRQ was last logged
         self.relayed = 0
@@ -134,8 +134,14 @@ class Relay:
     def attach(self, sock: socket.socket) -> None:
         self._change(("add", sock.dup(), (_identity(sock), key_of(sock))))
 
-    def detach(self, sock: socket.socket) -> None:
-        self._change(("del", None, (_identity(sock), None)))
+    def detach(self, sock: socket.socket, wait: bool = False) -> None:
+        """Stop relaying ``sock``.  With ``wait``, return once the relay
+        thread has let go of its copy (at most 2 s), so that no datagram
+        arriving afterwards is read by the relay."""
+        done = threading.Event()
+        self._change(("del", done, (_identity(sock), None)))
+        if wait and self._thread.is_alive() and threading.current_thread() is not self._thread:
+            done.wait(2.0)
 
     def close(self) -> None:
         self._stop = True
@@ -161,11 +167,13 @@ class Relay:
     def _apply_pending(self) -> None:
         with self._lock:
             todo, self._pending = self._pending, []
-        for op, sock, data in todo:
+        for op, obj, data in todo:
             self._drop(data[0])  # attaching a socket twice keeps one copy
             if op == "add":
-                sock.setblocking(False)
-                self.sel.register(sock, selectors.EVENT_READ, data)
+                obj.setblocking(False)
+                self.sel.register(obj, selectors.EVENT_READ, data)
+            else:
+                obj.set()
 
     def _drop(self, ident: int) -> None:
         for k in list(self.sel.get_map().values()):

@@ -208,7 +208,7 @@ def test_a_twin_tunnels_data_is_steered_to_its_own_socket_and_survives_a_ruleset
     try:
         port = twin.getsockname()[1]
         assert port != 1701
-        dp.relay.detach(twin)  # read the twin's socket here instead
+        dp.relay.detach(twin, wait=True)  # read the twin's socket here instead (the relay no longer does)
         twin.settimeout(5)
         with_l = struct.pack("!HHHH", 0x4002, 10, 101, 7) + b"\xff\x03"
         for pkt in (l2tp(False, 101, 7), with_l):

@@ -134,3 +134,38 @@ def test_adopted_twins_are_written_in_one_transaction_by_settle():
 ])
 def test_twins_are_steered_only_before_linux_6_11(release, per_namespace):
     assert sessions_per_namespace(release) is per_namespace
+
+
+def test_detach_with_wait_returns_once_the_relay_thread_let_go_of_the_socket():
+    """A caller that reads the socket itself after detach(wait=True) must not
+    race the relay thread for its datagrams: by then the relay holds only
+    its wake-up pipe (a real Relay thread, on loopback, slowed as under
+    emulation: each drop takes 50 ms)."""
+    import socket
+    import time
+
+    from pipexctl.offload.relay import Relay
+
+    relay = Relay(l2tp_port=1701)
+    drop = relay._drop
+    relay._drop = lambda ident: (time.sleep(0.05), drop(ident))
+    a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        a.connect(b.getsockname())
+        for _ in range(3):
+            relay.attach(a)
+            end = time.monotonic() + 5
+            while len(relay.sel.get_map()) < 2 and time.monotonic() < end:  # the relay reads it now
+                time.sleep(0.01)
+            assert len(relay.sel.get_map()) == 2
+            relay.detach(a, wait=True)
+            assert [k.data for k in relay.sel.get_map().values()] == [None]
+        b.sendto(b"x" * 20, a.getsockname())
+        a.settimeout(2)
+        assert a.recv(100) == b"x" * 20 and relay.relayed == 0
+    finally:
+        relay.close()
+        a.close()
+        b.close()

@@ -106,7 +106,8 @@ def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
             if full:
                 pppds.append(full)
     # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon
-    daemons = [d for d in daemons if d.ppid not in {x.pid for x in daemons}]
+    named = {d.pid for d in daemons}
+    daemons = [d for d in daemons if d.ppid not in named]
     children: dict[int, list[Proc]] = {d.pid: [] for d in daemons}
     for p in pppds:
         if p.ppid in children:

@@ -309,9 +309,12 @@ class OffloadService(Endings):
             self.exits.watch(xl2tpd_pid)
             tx.on_rollback(lambda: self.exits.unwatch(xl2tpd_pid))
         self.failpoint("tunnel-created")
+        note = ""
+        if twin:
+            steered = "steered: " if ts.local_port != self.xl2tpd_port else ""
+            note = f" ({steered}another tunnel has this address pair)"
         log.info("kernel tunnel %d/%d on %s:%d <-> %s:%d%s", ts.tunnel_id, ts.peer_tunnel_id, local, ts.local_port,
-                 call.peer, peer_port, "" if not twin else " (steered: another tunnel has this address pair)"
-                 if ts.local_port != self.xl2tpd_port else " (another tunnel has this address pair)",
+                 call.peer, peer_port, note,
                  extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": call.peer, "EVENT": "tunnel-made"}})
         return ts
 

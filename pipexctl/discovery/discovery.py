@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from .. import errors
-from . import logparse as lp, procscan
+from . import checkpoint as cpt, logparse as lp, procscan
 from .control import ControlClient, ControlError
 from .state import CallDown, CallInfo, CallUp, Event, Tracker, TunnelDown, TunnelInfo, TunnelUp
 
@@ -67,6 +67,46 @@ class LogFile:
             out += self._drain()
         return [b.decode("utf-8", "replace") for b in out]
 
+    def position(self) -> Optional[cpt.FilePos]:
+        """Where the next line starts (a partial line at the end is read again)."""
+        if self._f is None:
+            return None
+        off = self._f.tell() - len(self._buf)
+        st = os.fstat(self._f.fileno())
+        return cpt.FilePos(dev=st.st_dev, ino=st.st_ino, offset=off, tail=cpt.file_tail(self._f.fileno(), off))
+
+    def resume(self, pos: cpt.FilePos) -> Optional[str]:
+        """Go on from ``pos`` (None), or say why not (then read from the start).
+
+        The file may have been rotated since: its inode is looked for among
+        the files beside it whose name starts with this one's (syslog.1,
+        syslog-20261201); it is read to its end first, then this path."""
+        d, base = os.path.split(self.path)
+        try:
+            names = [n for n in os.listdir(d or ".") if n.startswith(base)]
+        except OSError as e:
+            return f"cannot list {d}: {e.strerror}"
+        for name in sorted(names, key=lambda n: n != base):
+            p = os.path.join(d, name)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) != (pos.dev, pos.ino):
+                continue
+            f = open(p, "rb")
+            try:
+                same = cpt.file_tail(f.fileno(), pos.offset) == pos.tail
+            except (OSError, ValueError):
+                same = False
+            if not same:
+                f.close()
+                return "the bytes before its saved position changed (replaced or truncated)"
+            f.seek(pos.offset)
+            self._f, self._ino, self._buf = f, st.st_ino, b""
+            return None
+        return "its file is gone (rotated away or compressed)"
+
     def _drain(self) -> list[bytes]:
         data = self._f.read(self.CHUNK)
         self.more = len(data) == self.CHUNK
@@ -87,34 +127,69 @@ class LogFile:
 
 
 class Journal:
-    """``journalctl -o json`` for a unit (``journal:UNIT``) or identifier (``journal-id:IDENT``)."""
+    """``journalctl -o json`` for a unit (``journal:UNIT``) or identifier
+    (``journal-id:IDENT``), from the start of this boot or after a cursor."""
 
     def __init__(self, spec: str, follow: bool) -> None:
         kind, _, name = spec.partition(":")
-        sel = ["-u", name] if kind == "journal" else ["-t", name]
+        self.spec, self.follow = spec, follow
+        self._sel = ["-u", name] if kind == "journal" else ["-t", name]
+        self._p: Optional[subprocess.Popen] = None
+        self._buf = b""
+        self.after: Optional[str] = None  # a checkpoint's cursor: start after it
+        self.cursor: Optional[str] = None  # the last entry read
+        self.gaps = 0
+
+    def _start(self) -> None:
         # this boot only: calls of an earlier boot are gone with its kernel
-        argv = ["journalctl", "-o", "json", "--no-pager", "-b", *sel] + (["-f", "-n", "all"] if follow else [])
+        argv = ["journalctl", "-o", "json", "--no-pager", "-b", *self._sel]
+        argv += ["-f", "-n", "all"] if self.follow else []
+        argv += ["--after-cursor", self.after] if self.after else []
         try:
             self._p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except FileNotFoundError:
-            raise errors.PipexError(f"{spec}: journalctl not found") from None
-        os.set_blocking(self._p.stdout.fileno(), not follow)
-        self._buf = b""
-        self.follow = follow
+            raise errors.PipexError(f"{self.spec}: journalctl not found") from None
+        os.set_blocking(self._p.stdout.fileno(), not self.follow)
+
+    def position(self) -> Optional[cpt.JournalPos]:
+        return cpt.JournalPos(cursor=self.cursor) if self.cursor else None
+
+    def resume(self, pos: cpt.JournalPos) -> Optional[str]:
+        m = cpt.CURSOR.match(pos.cursor)
+        if m is None or m["boot"] != cpt.boot_id():
+            return "its cursor is of another boot"
+        self.after = self.cursor = pos.cursor
+        return None
 
     def read_lines(self) -> list[str]:
+        if self._p is None:
+            self._start()
         try:
             data = self._p.stdout.read() or b""
         except BlockingIOError:
             data = b""
+        if not data and self.after and self.cursor == self.after and \
+                (self._p.poll() if self.follow else self._p.wait()):
+            # journalctl refused the cursor (it exits at once): the whole boot, then
+            self.after, self.cursor = None, None
+            self.gaps += 1
+            self._p.wait()
+            self._start()
+            return []
         data = self._buf + data
         lines = data.split(b"\n")
         self._buf = lines.pop()
+        for raw in reversed(lines):
+            cur = cpt.cursor_of(raw)
+            if cur is not None:
+                self.cursor = cur
+                break
         return [x.decode("utf-8", "replace") for x in lines]
 
     def close(self) -> None:
-        self._p.kill()
-        self._p.wait()
+        if self._p is not None:
+            self._p.kill()
+            self._p.wait()
 
 
 @dataclass(frozen=True)
@@ -179,6 +254,48 @@ class Discovery:
         self.listed: dict[str, Listed] = {}
         self.warnings: list[str] = []
         self.tracker.notes = self.warnings  # one list: the tracker's notes are discovery's warnings
+
+    # ---- checkpoints (see checkpoint.py)
+    def checkpoint(self) -> cpt.Checkpoint:
+        """Each log's position and the model built from the lines before it.
+        Refers to the live model: encode it before the model changes."""
+        out = []
+        for s in self.sources:
+            pos = s.reader.position() if s.reader is not None else None
+            if pos is None:
+                continue
+            own = [cpt.InstanceState.of(i) for n, i in self.tracker.instances.items()
+                   if n == s.name or n.startswith(s.name + "@")]
+            out.append(cpt.SourceState(name=s.name, position=pos, parser=s.parser.state(), instances=own))
+        return cpt.Checkpoint(boot_id=cpt.boot_id(), sources=out)
+
+    def resume(self, cp: cpt.Checkpoint) -> list[str]:
+        """Before the first read: each log whose saved position still fits
+        goes on from there, with the model saved with it; the rest are read
+        from their start.  One line per saved log, saying which."""
+        saved = {s.name: s for s in cp.sources}
+        said = []
+        for s in self.sources:
+            st = saved.get(s.name)
+            if st is None or s.reader is None:
+                continue
+            if st.position.kind != ("journal" if isinstance(s.reader, Journal) else "file"):
+                why = "saved for another kind of log"
+            else:
+                why = s.reader.resume(st.position)
+            if why is not None:
+                said.append(f"{s.name}: read from its start: {why}")
+                continue
+            s.parser.restore(st.parser)
+            for i in st.instances:
+                self.tracker.instances[i.name] = i.instance()
+            calls = sum(len(i.calls) for i in st.instances)
+            at = f"offset {st.position.offset}" if st.position.kind == "file" else "its saved cursor"
+            said.append(f"{s.name}: resumed at {at} with {calls} call(s) known")
+        return said
+
+    def lines_read(self) -> int:
+        return sum(s.parser.lines for s in self.sources)
 
     # ---- reading
     def _read_logs(self) -> list[Event]:

@@ -497,6 +497,16 @@ class LineParser:
         self.unparsed = 0
         self.malformed = 0
 
+    def state(self):
+        from .checkpoint import ParserState
+
+        return ParserState(argv=list(self._argv) if self._argv is not None else None, argv_pid=self._argv_pid,
+                           last_pid=self.last_pid)
+
+    def restore(self, st) -> None:
+        self._argv = list(st.argv) if st.argv is not None else None
+        self._argv_pid, self.last_pid = st.argv_pid, st.last_pid
+
     def feed(self, raw: str) -> list[Record]:
         self.lines += 1
         pid, msg, ts = split_framing(raw, self.identifier)

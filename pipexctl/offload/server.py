@@ -93,10 +93,12 @@ class OffloadServer:
                  reconcile_interval: float = 5.0, state_path: Optional[str] = None,
                  teardown_on_exit: bool = False) -> None:
         self.socket_path, self.wait = socket_path, wait
-        self.watch = CallWatch(discovery, log_interval=log_interval, reconcile_interval=reconcile_interval)
+        state_path = state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json")
+        self.watch = CallWatch(discovery, log_interval=log_interval, reconcile_interval=reconcile_interval,
+                               checkpoint_path=os.path.join(os.path.dirname(state_path) or ".", "discovery.json"))
         self.service = OffloadService(
             self.watch, backend, datapath, xl2tpd_port=xl2tpd_port, teardown_on_exit=teardown_on_exit,
-            state_path=state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json"))
+            state_path=state_path)
         # FdEvents: a signal handler's set() wakes the threads blocked in select()
         self.reload = FdEvent()
         self.stop = FdEvent()
@@ -172,6 +174,10 @@ class OffloadServer:
                     os.unlink(self.socket_path)
                 except OSError:
                     pass
+            try:
+                self.watch.save_checkpoint()  # the next start reads only what comes after
+            except Exception:  # never in the way of the shutdown
+                log.exception("cannot save the discovery checkpoint")
             svc.shutdown()
 
     def _summary(self) -> str:

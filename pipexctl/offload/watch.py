@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from typing import Callable, Optional
 
-from ..discovery import procscan
+from ..discovery import checkpoint, procscan
 from ..discovery.discovery import Discovery
 from ..discovery.state import CallInfo
 
@@ -86,8 +86,12 @@ class CallWatch:
     # while calls come and go, every IDLE_RECONCILE when nothing happens
     # (ends are confirmed by exits, not by the scans)
     IDLE_RECONCILE = 30.0
+    # the read positions and model are saved at stop and, for a crash, this
+    # often while lines come in (its encoding holds the lock: bench/startup.py)
+    CHECKPOINT_EVERY = 60.0
 
-    def __init__(self, discovery: Discovery, *, log_interval: float = 0.2, reconcile_interval: float = 5.0) -> None:
+    def __init__(self, discovery: Discovery, *, log_interval: float = 0.2, reconcile_interval: float = 5.0,
+                 checkpoint_path: Optional[str] = None) -> None:
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
         # that the data path needs), so they run rarely, and on demand while a
         # pppd waits for its channel.
@@ -102,11 +106,39 @@ class CallWatch:
         self.unchecked = 0  # calls offloaded on the log's word: the control pipe did not answer
         self._paths: Counter = Counter()
         self._asking: Optional[float] = None  # when the control question now out was asked
+        self.checkpoint_path = checkpoint_path
+        self._saved_at = (time.monotonic(), -1)  # when, and after how many lines read
 
     def first_read(self) -> None:
-        """The start's read of every source (the state is reconciled as a whole after it)."""
+        """The start's read of every source (the state is reconciled as a
+        whole after it): from a checkpoint's positions where they still fit."""
+        t = time.monotonic()
         with self.lock:
+            if self.checkpoint_path:
+                cp, warning = checkpoint.load(self.checkpoint_path)
+                if warning:
+                    log.warning("%s", warning)
+                for line in self.d.resume(cp) if cp is not None else []:
+                    log.info("discovery: %s", line)
             self.d.refresh(events=False)
+            lines = self.d.lines_read()
+        log.info("discovery: first read of %d log line(s) in %.0f ms", lines, (time.monotonic() - t) * 1000)
+
+    def save_checkpoint(self) -> None:
+        """Save where each log was read to, with the model (see discovery/checkpoint.py)."""
+        if not self.checkpoint_path:
+            return
+        with self.lock:
+            lines = self.d.lines_read()
+            if lines == self._saved_at[1]:
+                return
+            data = checkpoint.encode(self.d.checkpoint())
+        try:
+            checkpoint.write(self.checkpoint_path, data)
+        except OSError as e:
+            log.warning("cannot write the discovery checkpoint %s: %s", self.checkpoint_path, e.strerror)
+            return
+        self._saved_at = (time.monotonic(), lines)
 
     def refresh(self) -> list:
         """SIGHUP: every source again (logs are followed by name anyway)."""
@@ -297,6 +329,9 @@ class CallWatch:
                 if full:
                     last = now
                 self._poll(full, handle)
+                if now - self._saved_at[0] >= self.CHECKPOINT_EVERY:
+                    self._saved_at = (now, self._saved_at[1])
+                    _survive(self.save_checkpoint)
         finally:
             sel.close()
 

@@ -1,0 +1,188 @@
+"""Where discovery stopped reading each log, and what it knew there.
+
+A daemon that starts reads its logs from the beginning: the journal from
+the start of this boot, a syslog file whole.  On an LNS up for weeks that
+is millions of lines parsed before the first request is served.  A
+checkpoint saves, per log source, the read position (a journal cursor, or a
+file's inode and offset with a hash of the bytes before it) together with
+the model built from everything before that position (the tracker's
+instances and the parser's state).  A start that finds a checkpoint which
+still fits its logs restores that model and reads only what came after;
+the usual reconcile (control pipe, /proc, kernel) then corrects anything
+that changed while nobody read, as it does for a full read.
+
+A position is taken only when it fits the log it names:
+- a file: the same inode (or the rotated file that has it now, in the same
+  directory), at least ``offset`` bytes long, with the same bytes before
+  ``offset``; otherwise that log is read whole, as without a checkpoint;
+- the journal: a cursor of this boot (calls of an earlier boot are gone
+  with its kernel).
+
+The file lives with the state file in the daemon's private directory (root
+only); it is validated like the state file, and one that does not validate
+is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, Field, ValidationError
+
+from .state import CallInfo, Instance, TunnelInfo
+
+VERSION = 1
+MAX_BYTES = 64 << 20
+TAIL = 4096  # bytes before a file position that must still be there, unchanged
+
+# journalctl's cursor: seqnum id, seqnum, boot id, monotonic, realtime, xor hash
+CURSOR = re.compile(r"^s=[0-9a-f]{32};i=[0-9a-f]{1,16};b=(?P<boot>[0-9a-f]{32});m=[0-9a-f]{1,16};"
+                    r"t=[0-9a-f]{1,16};x=[0-9a-f]{1,16}$")
+
+
+class FilePos(BaseModel):
+    kind: Literal["file"] = "file"
+    dev: int
+    ino: int
+    offset: int = Field(ge=0)
+    tail: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 of the TAIL bytes before offset (fewer at the start)
+
+
+class JournalPos(BaseModel):
+    kind: Literal["journal"] = "journal"
+    cursor: str = Field(pattern=CURSOR.pattern)
+
+
+class ParserState(BaseModel):
+    argv: Optional[list[str]] = None  # a pppd argv being read (its lines span reads)
+    argv_pid: Optional[int] = None
+    last_pid: Optional[int] = None
+
+
+class InstanceState(BaseModel):
+    name: str
+    daemon_pid: Optional[int] = None
+    kernel_mode: Optional[bool] = None
+    tunnels: list[TunnelInfo] = Field(default_factory=list)
+    calls: list[CallInfo] = Field(default_factory=list)
+    calling: list[tuple[int, int]] = Field(default_factory=list)
+    calling_seen: int = 0
+    serial_anchor: Optional[tuple[int, int]] = None
+    pending_argv: Optional[list[str]] = None
+    foreign_pids: list[int] = Field(default_factory=list)
+    last_lac_call: Optional[int] = None
+    status_tunnel: Optional[int] = None
+
+    @classmethod
+    def of(cls, ins: Instance) -> "InstanceState":
+        return cls(name=ins.name, daemon_pid=ins.daemon_pid, kernel_mode=ins.kernel_mode,
+                   tunnels=list(ins.tunnels.values()), calls=list(ins.calls.values()), calling=list(ins.calling),
+                   calling_seen=ins.calling_seen, serial_anchor=ins.serial_anchor,
+                   pending_argv=list(ins.pending_argv) if ins.pending_argv is not None else None,
+                   foreign_pids=sorted(ins.foreign_pids), last_lac_call=ins.last_lac_call,
+                   status_tunnel=ins.status_tunnel)
+
+    def instance(self) -> Instance:
+        ins = Instance(self.name)
+        ins.daemon_pid, ins.kernel_mode = self.daemon_pid, self.kernel_mode
+        ins.tunnels = {t.tunnel_id: t for t in self.tunnels}
+        ins.calls = {c.call_id: c for c in self.calls}
+        ins.calling, ins.calling_seen = [tuple(e) for e in self.calling], self.calling_seen
+        ins.serial_anchor = tuple(self.serial_anchor) if self.serial_anchor is not None else None
+        ins.pending_argv = tuple(self.pending_argv) if self.pending_argv is not None else None
+        ins.foreign_pids, ins.last_lac_call, ins.status_tunnel = set(self.foreign_pids), self.last_lac_call, \
+            self.status_tunnel
+        return ins
+
+
+class SourceState(BaseModel):
+    name: str  # the log spec (--log): a position is only ever used for the same spec
+    position: Union[FilePos, JournalPos] = Field(discriminator="kind")
+    parser: ParserState
+    instances: list[InstanceState]
+
+
+class Checkpoint(BaseModel):
+    version: Literal[1] = VERSION
+    boot_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    written: float = 0.0
+    sources: list[SourceState] = Field(default_factory=list)
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip().replace("-", "")
+
+
+def file_tail(fd: int, offset: int) -> str:
+    start = max(0, offset - TAIL)
+    data = os.pread(fd, offset - start, start)
+    if len(data) != offset - start:
+        raise ValueError("shorter than the saved position")
+    return hashlib.sha256(data).hexdigest()
+
+
+def load(path: str) -> tuple[Optional[Checkpoint], Optional[str]]:
+    """The checkpoint and a warning.  Missing: (None, None).  Of another
+    boot, unreadable or invalid: (None, why) -- never trusted, never a crash."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"checkpoint {path}: cannot read it ({e.strerror}); every log is read from its start"
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None, f"checkpoint {path}: not this daemon's own file (owner or mode); ignored"
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_BYTES:
+        return None, f"checkpoint {path}: larger than {MAX_BYTES >> 20} MiB; ignored"
+    try:
+        cp = Checkpoint.model_validate_json(raw)
+    except ValidationError as e:
+        return None, f"checkpoint {path}: not valid ({str(e).splitlines()[0][:200]}); ignored"
+    if cp.boot_id != boot_id():
+        return None, None  # written in an earlier boot: its calls are gone with that kernel
+    return cp, None
+
+
+def encode(cp: Checkpoint) -> bytes:
+    """The file's bytes.  The checkpoint refers to the tracker's live
+    records: encode it under the lock that guards them."""
+    return cp.model_copy(update={"written": time.time()}).model_dump_json().encode()
+
+
+def write(path: str, data: bytes) -> None:
+    """Atomic replace: temp file (O_EXCL|O_NOFOLLOW, mode 0600), fsync, rename."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        os.unlink(tmp)  # a crash's leftover (unlink removes a symlink, never its target)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def cursor_of(line: bytes) -> Optional[str]:
+    """The ``__CURSOR`` of one ``journalctl -o json`` line (None if it has none)."""
+    try:
+        cur = json.loads(line).get("__CURSOR")
+    except (ValueError, AttributeError):
+        return None
+    return cur if isinstance(cur, str) and CURSOR.match(cur) else None

@@ -182,6 +182,19 @@ def cp_table(cp: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def startup_table(su: dict) -> str:
+    if not su:
+        return ""
+    return (f"\n### A daemon's start on a large syslog (bench/startup.py)\n\n"
+            f"{su['log_bytes'] / 1e6:.1f} MB, {su['log_lines']} lines ({su['history_calls']} calls came and went, "
+            f"{su['live_calls']} up); then 1,000 more calls logged while it was stopped.\n\n"
+            f"| start | s |\n|---|---|\n"
+            f"| from the start of the log | {su['cold_start_after_s']:.2f} |\n"
+            f"| from the checkpoint saved at stop ({su['resumed_lines']} lines read) | {su['resumed_start_s']:.2f} |\n"
+            f"\nSave at stop: {su['save_s'] * 1000:.0f} ms ({su['save_locked_s'] * 1000:.0f} ms under the lock), "
+            f"{su['checkpoint_bytes'] / 1e6:.1f} MB; same model both ways: {su['same_model']}.\n")
+
+
 def dp_extra(res: dict) -> str:
     out = ["", "| case | 4 streams median Mbit/s | ping avg / p99 ms | guest CPU % busy | CPU % per Mbit/s |",
            "|---|---|---|---|---|"]
@@ -261,6 +274,7 @@ def main() -> int:
         py = fl.python
         cmd = (f"{py} bench/dataplane.py --runs {a.runs} --seconds {a.seconds}; "
                f"{py} bench/controlplane.py; "
+               f"{py} bench/startup.py; "
                f"{py} bench/loginstorm.py --k {a.storm}"
                + (f"; {py} bench/loginstorm.py --k {a.scrape_k} --cases d,s,s,d "
                   f"--out \"$PIPEXCTL_RESULTS/loginstorm-scrape.json\"" if a.scrape_k else ""))
@@ -281,13 +295,16 @@ def main() -> int:
     scf = r.results_dir / "loginstorm-scrape.json"
     if scf.exists():
         res["loginstorm"].setdefault("rows", []).extend(json.loads(scf.read_text())["rows"])
+    suf = r.results_dir / "startup.json"
+    res["startup"] = json.loads(suf.read_text()) if suf.exists() else {}
     res["guest_seconds"] = r.total_seconds
     res["guest_flavour"] = fl.name
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
-    md = table(res) + dp_extra(res) + scale_table(res) + cp_table(cp) + storm_table(res["loginstorm"])
+    md = (table(res) + dp_extra(res) + scale_table(res) + cp_table(cp) + storm_table(res["loginstorm"])
+          + startup_table(res["startup"]))
     png = out / f"{stamp}.png"
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"
     md += f"\nGuest run: {r.total_seconds / 60:.1f} min.\n"

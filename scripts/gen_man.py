@@ -63,6 +63,9 @@ def render() -> str:
             ".SH FILES",
             ".TP", "/run/pipexctl/serve.sock", "The socket of \\fBpipexctl serve\\fR (0600, in a 0700 directory).",
             ".TP", "/run/pipexctl/state.json", "What the daemon made; adopted at its next start.",
+            ".TP", "/run/pipexctl/discovery.json",
+            "Where each xl2tpd log was read to, with what was known there; the next start of this boot "
+            "reads on from it.",
             ".TP", "/lib/systemd/system/pipexctl.socket, pipexctl.service",
             "The systemd units (the Debian package; from systemd/ in the source).",
             ".TP", "/etc/default/pipexctl", "PIPEXCTL_OPTS for the unit.",

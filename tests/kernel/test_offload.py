@@ -254,8 +254,11 @@ def test_restarted_daemon_adopts_running_sessions(lab):
     assert ok, out
     state = json.loads(Path(lab.serve_socket(lab.lns)).with_name("state.json").read_text())
     assert [s["pppd_pid"] for t in state["tunnels"] for s in t["sessions"]] == [pid]
-    # restart: the session is adopted, the tunnel socket taken back from pppd
+    # restart: the session is adopted, the tunnel socket taken back from pppd;
+    # the log is read on from where the stop saved it, with the call known
+    assert Path(lab.serve_socket(lab.lns)).with_name("discovery.json").exists()
     srv = lab.serve(lab.lns)
+    assert f"{lab.lns.log}: resumed at offset" in (lab.lns.dir / "serve.log").read_text()
     st = lab.serve_status(lab.lns)
     assert st["reconcile"]["adopted_sessions"] == 1 and st["reconcile"]["removed_sessions"] == 0, st
     (t,) = st["tunnels"]

@@ -250,6 +250,7 @@ class Discovery:
         for spec in controls[len(logs):]:  # control pipes without a log
             self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
         self._backend = None
+        self._control_pid: dict[str, Optional[int]] = {}  # source -> the xl2tpd that has its control pipe open
         # instance -> what its control pipe listed, and the monotonic time the question went out
         self.listed: dict[str, Listed] = {}
         self.warnings: list[str] = []
@@ -338,7 +339,34 @@ class Discovery:
         return (call.tunnel_id, call.peer_tunnel_id) in ls.tunnels
 
     def has_control(self, instance: str) -> bool:
-        return any(s.control is not None for s in self.sources if s.name == instance)
+        return any(s.control is not None and self._control_instance(s).name == instance for s in self.sources)
+
+    def _instances_of(self, s: Source) -> list:
+        """The xl2tpd instances a source's stream holds: the first to write
+        there (named as the source) and any other live one (``NAME@PID``)."""
+        return [i for n, i in self.tracker.instances.items() if n == s.name or n.startswith(s.name + "@")]
+
+    def _control_instance(self, s: Source):
+        """The instance a source's control pipe answers for: the xl2tpd that
+        has that pipe open (by /proc), which is not always the first one to
+        write to a stream several xl2tpd share (a LAC's lines may come
+        first).  Without /proc, or before that xl2tpd is found: the first."""
+        main = self.tracker.inst(s.name)
+        if s.control is None or not self.proc:
+            return main
+        pid = self._control_pid.get(s.name)
+        if pid is None or not self.tracker.daemon_alive(pid):
+            daemons, _ = procscan.scan()
+            owners = [d.pid for d in daemons if d.control_pipe == s.control.pipe]
+            pid = owners[0] if len(owners) == 1 else None
+            self._control_pid[s.name] = pid
+        if pid is None or main.daemon_pid in (None, pid):
+            return main
+        # another xl2tpd wrote to this stream first: the pipe's owner is (or
+        # will be, once it writes) the instance named by its pid
+        ins = self.tracker.inst(f"{s.name}@{pid}")
+        ins.daemon_pid = pid
+        return ins
 
     def _reconcile_control(self) -> list[Event]:
         """What xl2tpd says now beats log history (rotation, missed lines)."""
@@ -362,10 +390,10 @@ class Discovery:
         return out
 
     def control_known(self) -> dict[str, tuple[frozenset, frozenset]]:
-        """The tunnel and call ids of each instance now: what an answer
-        fetched from here on may find gone (see ``apply_control``)."""
-        return {s.name: (frozenset(self.tracker.inst(s.name).tunnels), frozenset(self.tracker.inst(s.name).calls))
-                for s in self.sources if s.control is not None}
+        """The tunnel and call ids of each control pipe's instance now: what
+        an answer fetched from here on may find gone (see ``apply_control``)."""
+        return {ins.name: (frozenset(ins.tunnels), frozenset(ins.calls))
+                for ins in (self._control_instance(s) for s in self.sources if s.control is not None)}
 
     def apply_control(self, answers: list[tuple], known: Optional[dict] = None) -> list[Event]:
         """Bring the model to what ``fetch_control`` found.  With ``known``
@@ -377,13 +405,15 @@ class Discovery:
             if error is not None:
                 self.warnings.append(error)
                 continue
-            ins = self.tracker.inst(s.name)
-            then_tids, then_cids = known[s.name] if known is not None else (None, None)
+            ins = self._control_instance(s)
+            # an instance that was not the pipe's when the question went out: nothing was known then
+            then_tids, then_cids = known.get(ins.name, (frozenset(), frozenset())) if known is not None \
+                else (None, None)
             live_tids = {t.tunnel_id for t in av.tunnels}
             for tid in [t for t in ins.tunnels if t not in live_tids and (then_tids is None or t in then_tids)]:
                 ev += self.tracker._tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
             by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
-            self.listed[s.name] = Listed(
+            self.listed[ins.name] = Listed(
                 asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
                 frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values() for st in tunnels
                           for cid in st.calls))
@@ -396,7 +426,7 @@ class Discovery:
                     if tid not in ins.tunnels:
                         if then_tids is not None and tid in then_tids:
                             continue  # ended while the question was out
-                        t = TunnelInfo(instance=s.name, role="lns", section=section, peer=st.peer,
+                        t = TunnelInfo(instance=ins.name, role="lns", section=section, peer=st.peer,
                                        peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                        sources=["control"])
                         ev += self.tracker._tunnel_up(ins, t)
@@ -406,7 +436,7 @@ class Discovery:
                         if c is None:
                             if then_cids is not None and cid in then_cids:
                                 continue  # ended while the question was out
-                            c = CallInfo(instance=s.name, role="lns", section=section, peer=st.peer,
+                            c = CallInfo(instance=ins.name, role="lns", section=section, peer=st.peer,
                                          peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                          call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",
                                          sources=["control"])
@@ -427,43 +457,54 @@ class Discovery:
         daemons, children = scanned if scanned is not None else procscan.scan()
         alive = {d.pid for d in daemons}
         for s in self.sources:
-            ins = self.tracker.inst(s.name)
-            if ins.daemon_pid is None and s.control is not None:
+            if s.control is not None:
                 m = [d.pid for d in daemons if d.control_pipe == s.control.pipe]
-                if len(m) == 1:
-                    ins.daemon_pid = m[0]
-            if ins.daemon_pid is not None and ins.daemon_pid not in alive:
-                ev += self.tracker._all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
-                ins.daemon_pid = None
-                continue
-            if ins.daemon_pid is None:
-                continue  # no process to check against (a log from elsewhere, or not started)
-            kids = children.get(ins.daemon_pid, [])
-            by_pid = {k.pid: k for k in kids}
-            taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
-            for c in list(ins.calls.values()):
-                if c.pppd_pid is not None and c.pppd_pid not in by_pid:
-                    # the scan may predate the log line that named this pppd
-                    # (the daemon scans /proc outside its lock): look again
-                    try:
-                        now = procscan._read(c.pppd_pid, with_fds=False)
-                    except OSError:  # out of fds here: nothing known of it, nothing ended
-                        continue
-                    if now is None or now.ppid != ins.daemon_pid:
-                        ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
-                        continue
-                    if now.comm != "pppd":
-                        # xl2tpd logs the call after fork(), before its child
-                        # has exec'd pppd: not started yet, not ended
-                        continue
-                if c.pppd_pid is None:
-                    cands = [k for k in kids if k.pid not in taken and _matches(k, c)]
-                    if len(cands) == 1:
-                        ev += self.tracker.observe_pppd(s.name, c.call_id, cands[0].pid)
-                        taken.add(cands[0].pid)
-                k = by_pid.get(c.pppd_pid) if c.pppd_pid else None
-                if k is not None and k.data_path != "unknown":
-                    ev += self.tracker.observe_data_path(s.name, c.call_id, k.data_path)
+                self._control_pid[s.name] = m[0] if len(m) == 1 else None
+                main = self.tracker.inst(s.name)
+                if main.daemon_pid is None and len(m) == 1 and not any(
+                        i.daemon_pid == m[0] for i in self._instances_of(s)):
+                    main.daemon_pid = m[0]
+            for ins in self._instances_of(s):
+                ev += self._reconcile_instance(s, ins, alive, children)
+        return ev
+
+    def _reconcile_instance(self, s: Source, ins, alive: set, children: dict) -> list[Event]:
+        ev: list[Event] = []
+        if ins.daemon_pid is not None and ins.daemon_pid not in alive:
+            ev += self.tracker._all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
+            ins.daemon_pid = None
+            if ins.name != s.name:  # a second xl2tpd of the stream: its name had its pid
+                del self.tracker.instances[ins.name]
+                self.listed.pop(ins.name, None)
+            return ev
+        if ins.daemon_pid is None:
+            return ev  # no process to check against (a log from elsewhere, or not started)
+        kids = children.get(ins.daemon_pid, [])
+        by_pid = {k.pid: k for k in kids}
+        taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
+        for c in list(ins.calls.values()):
+            if c.pppd_pid is not None and c.pppd_pid not in by_pid:
+                # the scan may predate the log line that named this pppd
+                # (the daemon scans /proc outside its lock): look again
+                try:
+                    now = procscan._read(c.pppd_pid, with_fds=False)
+                except OSError:  # out of fds here: nothing known of it, nothing ended
+                    continue
+                if now is None or now.ppid != ins.daemon_pid:
+                    ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
+                    continue
+                if now.comm != "pppd":
+                    # xl2tpd logs the call after fork(), before its child
+                    # has exec'd pppd: not started yet, not ended
+                    continue
+            if c.pppd_pid is None:
+                cands = [k for k in kids if k.pid not in taken and _matches(k, c)]
+                if len(cands) == 1:
+                    ev += self.tracker.observe_pppd(ins.name, c.call_id, cands[0].pid)
+                    taken.add(cands[0].pid)
+            k = by_pid.get(c.pppd_pid) if c.pppd_pid else None
+            if k is not None and k.data_path != "unknown":
+                ev += self.tracker.observe_data_path(ins.name, c.call_id, k.data_path)
         return ev
 
     def observe_process(self, pid: int) -> list[Event]:
@@ -475,14 +516,13 @@ class Discovery:
         p = procscan._read(pid, with_fds=False)
         if p is None or p.comm != "pppd":
             return []
-        for s in self.sources:
-            ins = self.tracker.inst(s.name)
+        for ins in [i for s in self.sources for i in self._instances_of(s)]:
             if ins.daemon_pid == p.ppid:
                 if any(c.pppd_pid == pid for c in ins.calls.values()):
                     return []  # already matched
                 cands = [c for c in ins.calls.values() if c.pppd_pid is None and _matches(p, c)]
                 if len(cands) == 1:
-                    return self.tracker.observe_pppd(s.name, cands[0].call_id, pid)
+                    return self.tracker.observe_pppd(ins.name, cands[0].call_id, pid)
                 return []
         return self._reconcile_proc()
 

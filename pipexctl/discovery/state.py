@@ -300,10 +300,12 @@ class Tracker:
         if isinstance(rec, lp.Malformed):
             self.bad_lines += 1
             return []
+        sub = f"{instance}@{rec.pid}"
+        if rec.pid is not None and rec.pid != ins.daemon_pid and sub in self.instances:
+            # a second xl2tpd of this stream (or the one its control pipe
+            # answers for): its lines stay its own, whatever the first one does
+            return self.apply(sub, rec, source)
         if rec.pid is not None and ins.daemon_pid is not None and rec.pid != ins.daemon_pid:
-            sub = f"{instance}@{rec.pid}"
-            if sub in self.instances:
-                return self.apply(sub, rec, source)
             if self.daemon_alive(ins.daemon_pid) and self.daemon_alive(rec.pid):
                 # a second system xl2tpd, running, logs to the same stream (two
                 # instances, one syslog): tracked on its own, they never meet

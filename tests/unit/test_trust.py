@@ -560,3 +560,63 @@ def test_a_call_the_control_pipe_listed_before_its_line_is_completed_not_ended(w
     assert not [e for e in ev if type(e).__name__ == "CallDown"], ev
     (c,) = [c for c in w.d.tracker.calls() if c.call_id == 100]
     assert c.pppd_pid == 4322 and c.peer_call_id == 101
+
+
+def test_several_xl2tpd_in_one_stream_keep_their_own_calls_and_the_control_pipe_its_owners(tmp_path):
+    """Two live xl2tpd write to one stream (a LAC and an LNS, or two units in
+    one journal read with journal-id:xl2tpd).  The one that wrote first is
+    not the control pipe's: the pipe's answer is applied to the xl2tpd that
+    has it open (by /proc), never ends the other one's tunnel, and the
+    other one's exit ends only its own calls."""
+    from pipexctl.discovery.procscan import Proc
+
+    log = tmp_path / "syslog"
+    log.write_text(
+        "xl2tpd[200]: Connection established to 10.99.9.9, 1701.  Local: 5, Remote: 6 (ref=0/0).  "
+        "LNS session is 'default'\n"
+        "xl2tpd[200]: Call established with 10.99.9.9, PID: 2000, Local: 50, Remote: 51, Serial: 1\n"
+        + _call_lines(555, 100))
+    d = Discovery([str(log)], proc=True, kernel=False)
+    alive = {147, 200}
+    d.tracker.daemon_alive = lambda pid: pid in alive
+    stub = StubControl([100])
+    d.sources[0].control = stub
+    name = str(log)
+
+    def scanned():
+        daemons = [Proc(p, 1, "xl2tpd", ["xl2tpd", "-C", "stub-control" if p == 147 else "/run/other/c"], 0)
+                   for p in sorted(alive)]
+        kids = {p: [Proc(k, p, "pppd", ["pppd"], 0)] for p, k in ((147, 555), (200, 2000), (201, 2001))}
+        return daemons, kids
+
+    try:
+        d.poll(reconcile=False)
+        assert sorted(c.key() for c in d.tracker.calls()) == [(name, 50), (f"{name}@147", 100)]
+        d._reconcile_proc(scanned())
+        d._reconcile_control()
+        # the answer (tunnel 28398, call 100) went to pid 147's instance: pid 200's tunnel 5 and call 50 stay
+        assert sorted(c.key() for c in d.tracker.calls()) == [(name, 50), (f"{name}@147", 100)]
+        assert sorted(t.key() for t in d.tracker.tunnels()) == [(name, 5), (f"{name}@147", 28398)]
+        assert d.has_control(f"{name}@147") and not d.has_control(name)
+        (c100,) = [c for c in d.tracker.calls() if c.call_id == 100]
+        assert d.listed_by_control(c100, float("-inf")) is True
+        # pid 200 exits: only its calls end
+        alive.discard(200)
+        ev = d._reconcile_proc(scanned())
+        assert sorted((e.event, e.call.call_id) for e in ev if e.event == "CallDown") == [("CallDown", 50)]
+        # a new xl2tpd (pid 201) takes the stream's first name; pid 147's lines still go to its own
+        alive.add(201)
+        with log.open("a") as f:
+            f.write("xl2tpd[201]: Call established with 10.99.9.9, PID: 2001, Local: 60, Remote: 61, Serial: 1\n"
+                    "xl2tpd[147]: Call established with 10.99.1.2, PID: 556, Local: 101, Remote: 102, Serial: 2\n")
+        d.poll(reconcile=False)
+        assert sorted(c.key() for c in d.tracker.calls()) == [(name, 60), (f"{name}@147", 100),
+                                                              (f"{name}@147", 101)]
+        # pid 147 exits: its instance goes, with its calls and its tunnel; pid 201's call stays
+        alive.discard(147)
+        stub.calls = []
+        ev = d._reconcile_proc(scanned())
+        assert sorted(e.call.call_id for e in ev if e.event == "CallDown") == [100, 101]
+        assert [c.key() for c in d.tracker.calls()] == [(name, 60)] and f"{name}@147" not in d.tracker.instances
+    finally:
+        d.close()

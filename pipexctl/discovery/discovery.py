@@ -139,6 +139,8 @@ class Journal:
         self.after: Optional[str] = None  # a checkpoint's cursor: start after it
         self.cursor: Optional[str] = None  # the last entry read
         self.gaps = 0
+        self.note: Optional[str] = None  # what the owner should log (a restart of journalctl)
+        self._started = float("-inf")
 
     def _start(self) -> None:
         # this boot only: calls of an earlier boot are gone with its kernel
@@ -149,6 +151,7 @@ class Journal:
             self._p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except FileNotFoundError:
             raise errors.PipexError(f"{self.spec}: journalctl not found") from None
+        self._started = time.monotonic()
         os.set_blocking(self._p.stdout.fileno(), not self.follow)
 
     def position(self) -> Optional[cpt.JournalPos]:
@@ -168,13 +171,8 @@ class Journal:
             data = self._p.stdout.read() or b""
         except BlockingIOError:
             data = b""
-        if not data and self.after and self.cursor == self.after and \
-                (self._p.poll() if self.follow else self._p.wait()):
-            # journalctl refused the cursor (it exits at once): the whole boot, then
-            self.after, self.cursor = None, None
-            self.gaps += 1
-            self._p.wait()
-            self._start()
+        if not data and self.follow and self._p.poll() is not None:
+            self._restart()
             return []
         data = self._buf + data
         lines = data.split(b"\n")
@@ -185,6 +183,24 @@ class Journal:
                 self.cursor = cur
                 break
         return [x.decode("utf-8", "replace") for x in lines]
+
+    def _restart(self) -> None:
+        """journalctl exited while following (a signal to the daemon's
+        process group, journald restarted): start it again after the last
+        entry read, at most once a second, and say so (``note``)."""
+        if time.monotonic() - self._started < 1.0:
+            return
+        rc = self._p.wait()
+        if self.after and self.cursor == self.after and rc:
+            # it turned the saved cursor down before any entry: the whole boot, then
+            self.after = self.cursor = None
+            self.gaps += 1
+            self.note = f"journalctl refused the saved cursor (status {rc}): reading this boot from its start"
+        else:
+            self.after = self.cursor  # None: nothing read yet, so the whole boot again
+            self.note = f"journalctl exited (status {rc}): started again after the last entry read"
+        self._buf = b""  # a partial entry comes again after the cursor
+        self._start()
 
     def close(self) -> None:
         if self._p is not None:
@@ -307,6 +323,10 @@ class Discovery:
             while True:
                 gaps = getattr(s.reader, "gaps", 0)
                 lines = s.reader.read_lines()
+                note = getattr(s.reader, "note", None)
+                if note:
+                    self.warnings.append(f"{s.name}: {note}")
+                    s.reader.note = None
                 if getattr(s.reader, "gaps", 0) != gaps:  # lines may be missing: stop trusting counts
                     self.tracker.inst(s.name).serial_anchor = None
                 for line in lines:
@@ -341,6 +361,13 @@ class Discovery:
     def has_control(self, instance: str) -> bool:
         return any(s.control is not None and self._control_instance(s).name == instance for s in self.sources)
 
+    def _control_owner(self, s: Source, daemons: list) -> Optional[int]:
+        """The xl2tpd (of a /proc scan) that has ``s``'s control pipe open, if one does."""
+        want = os.path.realpath(s.control.pipe)  # /var/run is /run on Debian
+        m = [d.pid for d in daemons if os.path.realpath(d.control_pipe) == want]
+        self._control_pid[s.name] = m[0] if len(m) == 1 else None
+        return self._control_pid[s.name]
+
     def _instances_of(self, s: Source) -> list:
         """The xl2tpd instances a source's stream holds: the first to write
         there (named as the source) and any other live one (``NAME@PID``)."""
@@ -354,12 +381,12 @@ class Discovery:
         main = self.tracker.inst(s.name)
         if s.control is None or not self.proc:
             return main
-        pid = self._control_pid.get(s.name)
-        if pid is None or not self.tracker.daemon_alive(pid):
+        pid = self._control_pid.get(s.name, -1)
+        if pid == -1 or pid is not None and not self.tracker.daemon_alive(pid):
+            # not scanned yet, or its xl2tpd is gone: look now (else the
+            # watcher's scans keep this up to date; None: no owner found)
             daemons, _ = procscan.scan()
-            owners = [d.pid for d in daemons if d.control_pipe == s.control.pipe]
-            pid = owners[0] if len(owners) == 1 else None
-            self._control_pid[s.name] = pid
+            pid = self._control_owner(s, daemons)
         if pid is None or main.daemon_pid in (None, pid):
             return main
         # another xl2tpd wrote to this stream first: the pipe's owner is (or
@@ -458,12 +485,11 @@ class Discovery:
         alive = {d.pid for d in daemons}
         for s in self.sources:
             if s.control is not None:
-                m = [d.pid for d in daemons if d.control_pipe == s.control.pipe]
-                self._control_pid[s.name] = m[0] if len(m) == 1 else None
+                owner = self._control_owner(s, daemons)
                 main = self.tracker.inst(s.name)
-                if main.daemon_pid is None and len(m) == 1 and not any(
-                        i.daemon_pid == m[0] for i in self._instances_of(s)):
-                    main.daemon_pid = m[0]
+                if main.daemon_pid is None and owner is not None and not any(
+                        i.daemon_pid == owner for i in self._instances_of(s)):
+                    main.daemon_pid = owner
             for ins in self._instances_of(s):
                 ev += self._reconcile_instance(s, ins, alive, children)
         return ev

@@ -4,6 +4,7 @@ model ends up where one reader reading on would be (discovery/checkpoint.py)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -165,39 +166,57 @@ def test_a_checkpoint_is_used_only_when_it_is_this_boots_and_this_daemons(tmp_pa
     assert cpt.load(str(tmp_path / "missing.json")) == (None, None)
 
 
-def test_a_journal_resumes_after_its_cursor_and_only_this_boots(tmp_path, monkeypatch):
-    """journalctl is given --after-cursor with the last entry read; a cursor
-    of another boot is refused; a cursor journalctl refuses (it exits 1 at
-    once) makes the reader start over on the whole boot."""
+def test_a_journal_resumes_after_its_cursor_and_a_dead_journalctl_is_started_again(tmp_path, monkeypatch):
+    """journalctl (a stand-in that prints one entry per run, then follows)
+    is given --after-cursor with the last entry read; a cursor of another
+    boot is refused; a journalctl that exits (a signal to the daemon's
+    group) is started again after the last entry read; one that turns the
+    saved cursor down at once makes the reader start over on the boot."""
     boot = cpt.boot_id()
     cur = f"s={'a' * 32};i=2;b={boot};m=1;t=1;x=1"
     argvs = tmp_path / "argv"
     fake = tmp_path / "journalctl"
     fake.write_text(f"""#!/bin/sh
 echo "$@" >> {argvs}
-case "$*" in *"--after-cursor"*"bad"*) exit 1;; esac
+case "$*" in *"--after-cursor"*"s=bad"*) exit 1;; esac
 echo '{{"MESSAGE": "one", "_COMM": "xl2tpd", "_PID": "7", "__CURSOR": "{cur}"}}'
+exec sleep 60
 """)
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    j = Journal("journal:xl2tpd", follow=False)
-    assert j.position() is None
-    assert len(j.read_lines()) == 1 and j.position().cursor == cur
-    j.close()
-    j = Journal("journal:xl2tpd", follow=False)
+
+    def read(j, until):
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            got = j.read_lines()
+            if until(got):
+                return got
+            time.sleep(0.05)
+        raise AssertionError("the reader never got there")
+
+    def last_argv():
+        return argvs.read_text().splitlines()[-1]
+
+    j = Journal("journal:xl2tpd", follow=True)
+    try:
+        assert j.position() is None
+        read(j, lambda got: len(got) == 1)
+        assert j.position().cursor == cur and "--after-cursor" not in last_argv()
+        j._p.kill()  # journalctl dies: started again after the last entry read, and said so
+        read(j, lambda got: len(got) == 1)
+        assert last_argv().endswith(f"--after-cursor {cur}") and "started again" in (j.note or "")
+    finally:
+        j.close()
+    j = Journal("journal:xl2tpd", follow=True)
     assert j.resume(cpt.JournalPos(cursor=cur.replace(f"b={boot}", "b=" + "0" * 32))) == \
         "its cursor is of another boot"
-    assert j.resume(cpt.JournalPos(cursor=cur)) is None
-    j.read_lines()
-    j.close()
-    assert argvs.read_text().splitlines()[-1].endswith(f"--after-cursor {cur}")
-    j = Journal("journal:xl2tpd", follow=False)
-    j.resume(cpt.JournalPos(cursor=cur))
-    j.after = j.cursor = cur.replace("s=a", "s=bad")[:len(cur)]  # one journalctl turns down
-    assert j.read_lines() == [] and j.gaps == 1 and j.after is None
-    assert len(j.read_lines()) == 1
-    j.close()
-    assert "--after-cursor" not in argvs.read_text().splitlines()[-1]
+    bad = cur.replace("s=" + "a" * 32, "s=bad" + "a" * 29)  # a cursor this journalctl turns down
+    assert j.resume(cpt.JournalPos(cursor=bad)) is None
+    try:
+        read(j, lambda got: len(got) == 1)  # turned down, then the whole boot
+        assert j.gaps == 1 and "refused the saved cursor" in j.note and "--after-cursor" not in last_argv()
+    finally:
+        j.close()
 
 
 def test_the_daemon_saves_at_stop_and_resumes_at_start(tmp_path, caplog):

@@ -36,7 +36,6 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .state import CallInfo, Instance, TunnelInfo
 
-VERSION = 1
 MAX_BYTES = 64 << 20
 TAIL = 4096  # bytes before a file position that must still be there, unchanged
 
@@ -92,8 +91,8 @@ class InstanceState(BaseModel):
         ins.daemon_pid, ins.kernel_mode = self.daemon_pid, self.kernel_mode
         ins.tunnels = {t.tunnel_id: t for t in self.tunnels}
         ins.calls = {c.call_id: c for c in self.calls}
-        ins.calling, ins.calling_seen = [tuple(e) for e in self.calling], self.calling_seen
-        ins.serial_anchor = tuple(self.serial_anchor) if self.serial_anchor is not None else None
+        ins.calling, ins.calling_seen = [(a, b) for a, b in self.calling], self.calling_seen
+        ins.serial_anchor = (self.serial_anchor[0], self.serial_anchor[1]) if self.serial_anchor is not None else None
         ins.pending_argv = tuple(self.pending_argv) if self.pending_argv is not None else None
         ins.foreign_pids, ins.last_lac_call, ins.status_tunnel = set(self.foreign_pids), self.last_lac_call, \
             self.status_tunnel
@@ -108,7 +107,7 @@ class SourceState(BaseModel):
 
 
 class Checkpoint(BaseModel):
-    version: Literal[1] = VERSION
+    version: Literal[1] = 1
     boot_id: str = Field(pattern=r"^[0-9a-f]{32}$")
     written: float = 0.0
     sources: list[SourceState] = Field(default_factory=list)

@@ -17,14 +17,29 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional, Protocol, Union
 
 from .. import errors
 from . import checkpoint as cpt, logparse as lp, procscan
 from .control import ControlClient, ControlError
 from .state import CallDown, CallInfo, CallUp, Event, Tracker, TunnelDown, TunnelInfo, TunnelUp
 
+if TYPE_CHECKING:
+    from ..kernel.backend import NetlinkBackend
+
 DEFAULT_LOGS = ["/var/log/syslog", "/var/log/daemon.log", "journal:xl2tpd"]
+
+
+class LogReader(Protocol):
+    """A log source: lines as they come, and where they were read to."""
+
+    gaps: int  # times lines may have been lost (a truncation, a refused cursor)
+    note: Optional[str]  # something the owner should log once
+
+    def read_lines(self) -> list[str]: ...
+    def position(self) -> Union[cpt.FilePos, cpt.JournalPos, None]: ...
+    def resume(self, pos: Union[cpt.FilePos, cpt.JournalPos]) -> Optional[str]: ...
+    def close(self) -> None: ...
 
 
 class LogFile:
@@ -37,11 +52,12 @@ class LogFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._f = None
+        self._f: Optional[BinaryIO] = None
         self._ino: Optional[int] = None
         self._buf = b""
         self.gaps = 0  # truncations seen: lines written just before one may be lost
         self.more = False
+        self.note: Optional[str] = None
 
     def read_lines(self) -> list[str]:
         out: list[bytes] = []
@@ -75,12 +91,14 @@ class LogFile:
         st = os.fstat(self._f.fileno())
         return cpt.FilePos(dev=st.st_dev, ino=st.st_ino, offset=off, tail=cpt.file_tail(self._f.fileno(), off))
 
-    def resume(self, pos: cpt.FilePos) -> Optional[str]:
+    def resume(self, pos: Union[cpt.FilePos, cpt.JournalPos]) -> Optional[str]:
         """Go on from ``pos`` (None), or say why not (then read from the start).
 
         The file may have been rotated since: its inode is looked for among
         the files beside it whose name starts with this one's (syslog.1,
         syslog-20261201); it is read to its end first, then this path."""
+        if not isinstance(pos, cpt.FilePos):
+            return "saved for another kind of log"
         d, base = os.path.split(self.path)
         try:
             names = [n for n in os.listdir(d or ".") if n.startswith(base)]
@@ -108,6 +126,7 @@ class LogFile:
         return "its file is gone (rotated away or compressed)"
 
     def _drain(self) -> list[bytes]:
+        assert self._f is not None
         data = self._f.read(self.CHUNK)
         self.more = len(data) == self.CHUNK
         if not data:
@@ -152,12 +171,15 @@ class Journal:
         except FileNotFoundError:
             raise errors.PipexError(f"{self.spec}: journalctl not found") from None
         self._started = time.monotonic()
+        assert self._p.stdout is not None
         os.set_blocking(self._p.stdout.fileno(), not self.follow)
 
     def position(self) -> Optional[cpt.JournalPos]:
         return cpt.JournalPos(cursor=self.cursor) if self.cursor else None
 
-    def resume(self, pos: cpt.JournalPos) -> Optional[str]:
+    def resume(self, pos: Union[cpt.FilePos, cpt.JournalPos]) -> Optional[str]:
+        if not isinstance(pos, cpt.JournalPos):
+            return "saved for another kind of log"
         m = cpt.CURSOR.match(pos.cursor)
         if m is None or m["boot"] != cpt.boot_id():
             return "its cursor is of another boot"
@@ -167,6 +189,7 @@ class Journal:
     def read_lines(self) -> list[str]:
         if self._p is None:
             self._start()
+        assert self._p is not None and self._p.stdout is not None
         try:
             data = self._p.stdout.read() or b""
         except BlockingIOError:
@@ -188,7 +211,7 @@ class Journal:
         """journalctl exited while following (a signal to the daemon's
         process group, journald restarted): start it again after the last
         entry read, at most once a second, and say so (``note``)."""
-        if time.monotonic() - self._started < 1.0:
+        if time.monotonic() - self._started < 1.0 or self._p is None:
             return
         rc = self._p.wait()
         if self.after and self.cursor == self.after and rc:
@@ -220,7 +243,7 @@ class Listed:
 @dataclass
 class Source:
     name: str
-    reader: object
+    reader: Optional[LogReader]
     parser: lp.LineParser
     control: Optional[ControlClient] = None
 
@@ -257,6 +280,7 @@ class Discovery:
         self.proc, self.kernel, self.netns = proc, kernel, netns
         controls = list(controls or [])
         for i, spec in enumerate(logs):
+            reader: LogReader
             if spec.startswith(("journal:", "journal-id:")):
                 reader = Journal(spec, follow)
             else:
@@ -265,7 +289,7 @@ class Discovery:
             self.sources.append(Source(spec, reader, lp.LineParser(identifier), ctl))
         for spec in controls[len(logs):]:  # control pipes without a log
             self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
-        self._backend = None
+        self._backend: Optional[NetlinkBackend] = None
         self._control_pid: dict[str, Optional[int]] = {}  # source -> the xl2tpd that has its control pipe open
         # instance -> what its control pipe listed, and the monotonic time the question went out
         self.listed: dict[str, Listed] = {}
@@ -296,10 +320,7 @@ class Discovery:
             st = saved.get(s.name)
             if st is None or s.reader is None:
                 continue
-            if st.position.kind != ("journal" if isinstance(s.reader, Journal) else "file"):
-                why = "saved for another kind of log"
-            else:
-                why = s.reader.resume(st.position)
+            why = s.reader.resume(st.position)
             if why is not None:
                 said.append(f"{s.name}: read from its start: {why}")
                 continue
@@ -363,6 +384,7 @@ class Discovery:
 
     def _control_owner(self, s: Source, daemons: list) -> Optional[int]:
         """The xl2tpd (of a /proc scan) that has ``s``'s control pipe open, if one does."""
+        assert s.control is not None
         want = os.path.realpath(s.control.pipe)  # /var/run is /run on Debian
         m = [d.pid for d in daemons if os.path.realpath(d.control_pipe) == want]
         self._control_pid[s.name] = m[0] if len(m) == 1 else None
@@ -403,7 +425,7 @@ class Discovery:
         """Ask every control pipe: (source, when asked, Available or None,
         status-lns by section, error or None) each.  Only I/O: the model is
         not touched, so a caller may do this without its lock."""
-        out = []
+        out: list[tuple] = []
         for s in self.sources:
             if s.control is None:
                 continue

@@ -30,7 +30,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 # ---------------------------------------------------------------- records
 
@@ -209,7 +209,7 @@ Record = Union[
 IP = r"(?P<peer>[0-9a-fA-F:.]{2,45})"
 N = r"(\d{1,10})"
 
-_PATTERNS: list[tuple[str, re.Pattern, object]] = []
+_PATTERNS: list[tuple[str, re.Pattern, Callable[[re.Match, Optional[int]], "Record"]]] = []
 
 
 def _p(prefix: str, regex: str):
@@ -512,12 +512,14 @@ class LineParser:
         pid, msg, ts = split_framing(raw, self.identifier)
         if msg is None:
             return []
+        pid_for_split: Optional[int]
         if pid is None and self.last_pid is not None:
             # a continuation line (xl2tpd printed a newline inside a message)
             pid_for_split = self.last_pid
         else:
             pid_for_split = pid
-            self.last_pid = pid if pid is not None else self.last_pid
+            if pid is not None:
+                self.last_pid = pid
         parts = self._split_glued(msg, pid_for_split)
         if len(parts) > 1 and pid is None:
             pid = pid_for_split

@@ -357,7 +357,7 @@ class Tracker:
             argv = ins.pending_argv
             ins.pending_argv = None
             tid = None
-            role: Role = "unknown"
+            role = "unknown"
             if rec.tunnel_id is not None:  # outgoing call ("parameters:"): exact
                 role, tid = "lac", rec.tunnel_id
                 t0 = ins.tunnels.get(tid)
@@ -375,7 +375,7 @@ class Tracker:
                 tid = self._tunnel_for_call(ins, rec.peer)
             t = ins.tunnels.get(tid) if tid is not None else None
             old = ins.calls.get(rec.call_id)
-            ev: list[Event] = []
+            ev = []
             # xl2tpd's control pipe may list a call before its line is read:
             # that line completes the call, it does not reuse its id
             listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
@@ -404,9 +404,9 @@ class Tracker:
         if isinstance(rec, lp.StatusCall):
             tid = ins.status_tunnel
             t = ins.tunnels.get(tid) if tid is not None else None
-            c = ins.calls.get(rec.call_id)
-            if c is not None:
-                return self._update_call(c, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
+            known = ins.calls.get(rec.call_id)
+            if known is not None:
+                return self._update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
                                          section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
             if t is None:
                 return []

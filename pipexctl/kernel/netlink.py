@@ -49,7 +49,7 @@ def _pyroute2_without_its_init() -> None:
     pkg = importlib.util.module_from_spec(spec)
     loader = spec.loader
     lock = threading.RLock()
-    ran = []
+    ran: list[bool] = []
 
     def __getattr__(name: str):
         try:

@@ -240,7 +240,7 @@ class PPPoL2TPSocket:
         buf = bytearray(bytes(st))
         fcntl.ioctl(self.fileno(), uapi.PPPIOCGL2TPSTATS, buf)
         st = pppol2tp_ioc_stats.from_buffer_copy(bytes(buf))
-        return Stats(**{k: getattr(st, k) for k, _ in pppol2tp_ioc_stats._fields_ if k in Stats.model_fields})
+        return Stats(**{k: getattr(st, k) for k, *_ in pppol2tp_ioc_stats._fields_ if k in Stats.model_fields})
 
     def set_option(self, opt: int, value: int) -> None:
         self._sock.setsockopt(uapi.SOL_PPPOL2TP, opt, value)

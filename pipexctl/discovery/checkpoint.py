@@ -48,7 +48,7 @@ class FilePos(BaseModel):
     kind: Literal["file"] = "file"
     dev: int
     ino: int
-    offset: int = Field(ge=0)
+    offset: int = Field(ge=0, lt=1 << 62)
     tail: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 of the TAIL bytes before offset (fewer at the start)
 
 

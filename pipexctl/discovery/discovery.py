@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional, Protocol, Union
 
+from pydantic import ValidationError
+
 from .. import errors
 from . import checkpoint as cpt, logparse as lp, procscan
 from .control import ControlClient, ControlError
@@ -70,6 +72,9 @@ class LogFile:
                 out += self._drain()
                 if not self.more:
                     break
+            if self._buf:  # its last line had no newline: a line still, never glued to the next file's
+                out.append(self._buf)
+                self._buf = b""
             self._f.close()
             self._f = None
         if self._f is None and st is not None:
@@ -88,6 +93,8 @@ class LogFile:
         if self._f is None:
             return None
         off = self._f.tell() - len(self._buf)
+        if off < 0:
+            return None
         st = os.fstat(self._f.fileno())
         return cpt.FilePos(dev=st.st_dev, ino=st.st_ino, offset=off, tail=cpt.file_tail(self._f.fileno(), off))
 
@@ -104,15 +111,25 @@ class LogFile:
             names = [n for n in os.listdir(d or ".") if n.startswith(base)]
         except OSError as e:
             return f"cannot list {d}: {e.strerror}"
-        for name in sorted(names, key=lambda n: n != base):
-            p = os.path.join(d, name)
+        stats = {}
+        for name in names:
             try:
-                st = os.stat(p)
+                stats[name] = os.stat(os.path.join(d, name))
             except OSError:
                 continue
+        for name in sorted(stats, key=lambda n: n != base):
+            st = stats[name]
             if (st.st_dev, st.st_ino) != (pos.dev, pos.ino):
                 continue
-            f = open(p, "rb")
+            rotated = [n for n in stats if n != base]
+            if name != base and name != max(rotated, key=lambda n: stats[n].st_mtime):
+                # rotated more than once since: the files in between would be skipped
+                return f"it was rotated more than once since (now {name})"
+            p = os.path.join(d, name)
+            try:
+                f = open(p, "rb")
+            except OSError as e:
+                return f"cannot open {p}: {e.strerror}"
             try:
                 same = cpt.file_tail(f.fileno(), pos.offset) == pos.tail
             except (OSError, ValueError):
@@ -147,32 +164,47 @@ class LogFile:
 
 class Journal:
     """``journalctl -o json`` for a unit (``journal:UNIT``) or identifier
-    (``journal-id:IDENT``), from the start of this boot or after a cursor."""
+    (``journal-id:IDENT``), from the start of this boot or after a cursor.
+
+    It first reads what is there to its end (a journalctl without -f, at
+    most CHUNK bytes a read, ``more`` set until the end), so a start's
+    first read holds every entry written before it; following, it then
+    runs ``journalctl -f`` after the last entry read.  A follower that
+    exits (a SIGHUP to the daemon's process group kills it too) is started
+    again after the last entry read, with a growing pause if it keeps
+    failing, and says so in ``note``."""
+
+    CHUNK = 4 << 20
+    BACKOFF_MAX = 60.0
 
     def __init__(self, spec: str, follow: bool) -> None:
         kind, _, name = spec.partition(":")
         self.spec, self.follow = spec, follow
         self._sel = ["-u", name] if kind == "journal" else ["-t", name]
         self._p: Optional[subprocess.Popen] = None
+        self._following = False  # _p runs with -f
+        self._caught_up = False  # what was there at the start has been read
         self._buf = b""
-        self.after: Optional[str] = None  # a checkpoint's cursor: start after it
-        self.cursor: Optional[str] = None  # the last entry read
+        self.cursor: Optional[str] = None  # the last entry read (or a checkpoint's): read on after it
         self.gaps = 0
+        self.more = False
         self.note: Optional[str] = None  # what the owner should log (a restart of journalctl)
-        self._started = float("-inf")
+        self._backoff = 1.0
+        self._retry_at = float("-inf")
 
-    def _start(self) -> None:
+    def _spawn(self, follow: bool) -> subprocess.Popen:
         # this boot only: calls of an earlier boot are gone with its kernel
         argv = ["journalctl", "-o", "json", "--no-pager", "-b", *self._sel]
-        argv += ["-f", "-n", "all"] if self.follow else []
-        argv += ["--after-cursor", self.after] if self.after else []
+        argv += ["-f", "-n", "all"] if follow else []  # -n all: with no cursor, the boot from its start
+        argv += ["--after-cursor", self.cursor] if self.cursor else []
         try:
-            self._p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         except FileNotFoundError:
             raise errors.PipexError(f"{self.spec}: journalctl not found") from None
-        self._started = time.monotonic()
-        assert self._p.stdout is not None
-        os.set_blocking(self._p.stdout.fileno(), not self.follow)
+        assert p.stdout is not None
+        os.set_blocking(p.stdout.fileno(), not follow)
+        self._p, self._following = p, follow
+        return p
 
     def position(self) -> Optional[cpt.JournalPos]:
         return cpt.JournalPos(cursor=self.cursor) if self.cursor else None
@@ -183,20 +215,49 @@ class Journal:
         m = cpt.CURSOR.match(pos.cursor)
         if m is None or m["boot"] != cpt.boot_id():
             return "its cursor is of another boot"
-        self.after = self.cursor = pos.cursor
+        # asked now, before the model saved with the cursor is restored: a
+        # cursor journalctl turns down later would mean the boot read again on top of it
+        try:
+            r = subprocess.run(["journalctl", "--no-pager", "-q", "-o", "cat", "-n", "1", "-b", *self._sel,
+                                "--after-cursor", pos.cursor],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"journalctl could not check its cursor ({e})"
+        if r.returncode != 0:
+            return f"journalctl refused its cursor (status {r.returncode})"
+        self.cursor = pos.cursor
         return None
 
     def read_lines(self) -> list[str]:
-        if self._p is None:
-            self._start()
-        assert self._p is not None and self._p.stdout is not None
+        p = self._p
+        if p is None:
+            if self._caught_up and (not self.follow or time.monotonic() < self._retry_at):
+                return []
+            p = self._spawn(follow=self._caught_up)
+        assert p.stdout is not None
+        if not self._following:  # what is there, to its end
+            data = p.stdout.read(self.CHUNK) or b""
+            self.more = len(data) == self.CHUNK
+            if not self.more:
+                p.wait()
+                self._p, self._caught_up = None, True  # following: the next read runs -f after the cursor
+            return self._lines(data)
         try:
-            data = self._p.stdout.read() or b""
+            data = p.stdout.read() or b""
         except BlockingIOError:
             data = b""
-        if not data and self.follow and self._p.poll() is not None:
-            self._restart()
+        if data:
+            self._backoff = 1.0
+        elif p.poll() is not None:
+            self._p, self._buf = None, b""  # a partial entry comes again after the cursor
+            self._retry_at = time.monotonic() + self._backoff
+            self.note = (f"journalctl exited (status {p.returncode}): started again in {self._backoff:.0f} s, "
+                         f"after the last entry read")
+            self._backoff = min(self._backoff * 2, self.BACKOFF_MAX)
             return []
+        return self._lines(data)
+
+    def _lines(self, data: bytes) -> list[str]:
         data = self._buf + data
         lines = data.split(b"\n")
         self._buf = lines.pop()
@@ -207,28 +268,11 @@ class Journal:
                 break
         return [x.decode("utf-8", "replace") for x in lines]
 
-    def _restart(self) -> None:
-        """journalctl exited while following (a signal to the daemon's
-        process group, journald restarted): start it again after the last
-        entry read, at most once a second, and say so (``note``)."""
-        if time.monotonic() - self._started < 1.0 or self._p is None:
-            return
-        rc = self._p.wait()
-        if self.after and self.cursor == self.after and rc:
-            # it turned the saved cursor down before any entry: the whole boot, then
-            self.after = self.cursor = None
-            self.gaps += 1
-            self.note = f"journalctl refused the saved cursor (status {rc}): reading this boot from its start"
-        else:
-            self.after = self.cursor  # None: nothing read yet, so the whole boot again
-            self.note = f"journalctl exited (status {rc}): started again after the last entry read"
-        self._buf = b""  # a partial entry comes again after the cursor
-        self._start()
-
     def close(self) -> None:
         if self._p is not None:
             self._p.kill()
             self._p.wait()
+            self._p = None
 
 
 @dataclass(frozen=True)
@@ -302,7 +346,10 @@ class Discovery:
         Refers to the live model: encode it before the model changes."""
         out = []
         for s in self.sources:
-            pos = s.reader.position() if s.reader is not None else None
+            try:
+                pos = s.reader.position() if s.reader is not None else None
+            except (OSError, ValueError, ValidationError):  # read on later: the next start reads it whole
+                pos = None
             if pos is None:
                 continue
             own = [cpt.InstanceState.of(i) for n, i in self.tracker.instances.items()
@@ -320,7 +367,10 @@ class Discovery:
             st = saved.get(s.name)
             if st is None or s.reader is None:
                 continue
-            why = s.reader.resume(st.position)
+            try:
+                why = s.reader.resume(st.position)
+            except (OSError, ValueError) as e:  # never in the way of a start: read it whole
+                why = str(e)
             if why is not None:
                 said.append(f"{s.name}: read from its start: {why}")
                 continue
@@ -407,9 +457,17 @@ class Discovery:
         if pid == -1 or pid is not None and not self.tracker.daemon_alive(pid):
             # not scanned yet, or its xl2tpd is gone: look now (else the
             # watcher's scans keep this up to date; None: no owner found)
-            daemons, _ = procscan.scan()
-            pid = self._control_owner(s, daemons)
-        if pid is None or main.daemon_pid in (None, pid):
+            try:
+                daemons, _ = procscan.scan()
+            except OSError:  # out of fds: as last known; the watcher's next scan tells
+                daemons = None
+            pid = self._control_owner(s, daemons) if daemons is not None else None
+        if pid is None:
+            return main
+        mine = [i for i in self._instances_of(s) if i.daemon_pid == pid]
+        if mine:
+            return mine[0]
+        if main.daemon_pid is None:
             return main
         # another xl2tpd wrote to this stream first: the pipe's owner is (or
         # will be, once it writes) the instance named by its pid
@@ -526,6 +584,9 @@ class Discovery:
                 self.listed.pop(ins.name, None)
             return ev
         if ins.daemon_pid is None:
+            if ins.name != s.name and not ins.calls and not ins.tunnels:
+                del self.tracker.instances[ins.name]  # a second xl2tpd that logged its exit
+                self.listed.pop(ins.name, None)
             return ev  # no process to check against (a log from elsewhere, or not started)
         kids = children.get(ins.daemon_pid, [])
         by_pid = {k.pid: k for k in kids}

@@ -108,6 +108,7 @@ class CallWatch:
         self._asking: Optional[float] = None  # when the control question now out was asked
         self.checkpoint_path = checkpoint_path
         self._saved_at = (time.monotonic(), -1)  # when, and after how many lines read
+        self._saving = threading.Lock()  # the stop's save and a periodic one share the temp file
 
     def first_read(self) -> None:
         """The start's read of every source (the state is reconciled as a
@@ -128,17 +129,18 @@ class CallWatch:
         """Save where each log was read to, with the model (see discovery/checkpoint.py)."""
         if not self.checkpoint_path:
             return
-        with self.lock:
-            lines = self.d.lines_read()
-            if lines == self._saved_at[1]:
+        with self._saving:
+            with self.lock:
+                lines = self.d.lines_read()
+                if lines == self._saved_at[1]:
+                    return
+                data = checkpoint.encode(self.d.checkpoint())
+            try:
+                checkpoint.write(self.checkpoint_path, data)
+            except OSError as e:
+                log.warning("cannot write the discovery checkpoint %s: %s", self.checkpoint_path, e.strerror)
                 return
-            data = checkpoint.encode(self.d.checkpoint())
-        try:
-            checkpoint.write(self.checkpoint_path, data)
-        except OSError as e:
-            log.warning("cannot write the discovery checkpoint %s: %s", self.checkpoint_path, e.strerror)
-            return
-        self._saved_at = (time.monotonic(), lines)
+            self._saved_at = (time.monotonic(), lines)
 
     def refresh(self) -> list:
         """SIGHUP: every source again (logs are followed by name anyway)."""
@@ -235,8 +237,8 @@ class CallWatch:
         the lock, which is released while the question is out (xl2tpd
         answers slowly in a login storm, and requests and the watcher go on
         meanwhile).  Returns the failures (logged by the watcher)."""
-        self._asking = time.monotonic()
         known = self.d.control_known()
+        self._asking = time.monotonic()
         self.lock.release()
         try:
             answers = self.d.fetch_control()

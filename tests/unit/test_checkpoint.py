@@ -106,7 +106,7 @@ def test_a_log_rotated_while_nobody_read_is_finished_first(tmp_path):
         again.close()
 
 
-@pytest.mark.parametrize("change", ["replaced", "rewritten", "truncated", "rotated away"])
+@pytest.mark.parametrize("change", ["replaced", "rewritten", "truncated", "rotated away", "rotated twice"])
 def test_a_position_that_no_longer_fits_reads_the_log_from_its_start(tmp_path, change):
     data = (DATA / "lns-kernel.log").read_bytes()
     log = tmp_path / "syslog"
@@ -123,6 +123,11 @@ def test_a_position_that_no_longer_fits_reads_the_log_from_its_start(tmp_path, c
     elif change == "truncated":
         with log.open("r+b") as f:
             f.truncate(1000)
+    elif change == "rotated twice":  # syslog.2 has the saved inode; syslog.1, between, would be skipped
+        log.rename(tmp_path / "syslog.2")
+        (tmp_path / "syslog.1").write_bytes(data[3000:4000])
+        os.utime(tmp_path / "syslog.2", (1, 1))
+        log.write_bytes(data[4000:])
     else:
         log.rename(tmp_path / "syslog.1.gz")  # compressed: no longer a name beside it that starts with syslog + "."
         (tmp_path / "syslog.1.gz").unlink()
@@ -166,21 +171,24 @@ def test_a_checkpoint_is_used_only_when_it_is_this_boots_and_this_daemons(tmp_pa
     assert cpt.load(str(tmp_path / "missing.json")) == (None, None)
 
 
-def test_a_journal_resumes_after_its_cursor_and_a_dead_journalctl_is_started_again(tmp_path, monkeypatch):
-    """journalctl (a stand-in that prints one entry per run, then follows)
-    is given --after-cursor with the last entry read; a cursor of another
-    boot is refused; a journalctl that exits (a signal to the daemon's
-    group) is started again after the last entry read; one that turns the
-    saved cursor down at once makes the reader start over on the boot."""
+def test_a_journal_is_read_to_its_end_then_followed_after_its_cursor(tmp_path, monkeypatch):
+    """A stand-in journalctl: without -f it prints the entry that is
+    there; with -f a newer one, then follows.  The first read holds what
+    was there (a start's first read sees every entry written before it);
+    the follower starts after its cursor; a follower that dies (a signal to
+    the daemon's group) is started again after the last entry read, said
+    once, after a pause; a saved cursor of another boot, or one journalctl
+    turns down, is refused before anything is restored."""
     boot = cpt.boot_id()
-    cur = f"s={'a' * 32};i=2;b={boot};m=1;t=1;x=1"
+    cur1, cur2 = (f"s={'a' * 32};i={i};b={boot};m=1;t=1;x=1" for i in (1, 2))
+    entry = '{{"MESSAGE": "{m}", "_COMM": "xl2tpd", "_PID": "7", "__CURSOR": "{c}"}}'
     argvs = tmp_path / "argv"
     fake = tmp_path / "journalctl"
     fake.write_text(f"""#!/bin/sh
 echo "$@" >> {argvs}
 case "$*" in *"--after-cursor"*"s=bad"*) exit 1;; esac
-echo '{{"MESSAGE": "one", "_COMM": "xl2tpd", "_PID": "7", "__CURSOR": "{cur}"}}'
-exec sleep 60
+case "$*" in *" -f "*) echo '{entry.format(m="two", c=cur2)}'; exec sleep 60;; esac
+echo '{entry.format(m="one", c=cur1)}'
 """)
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
@@ -200,21 +208,34 @@ exec sleep 60
     j = Journal("journal:xl2tpd", follow=True)
     try:
         assert j.position() is None
+        assert len(j.read_lines()) == 1 and not j.more, "the first read holds what was there"
+        assert j.position().cursor == cur1 and " -f " not in f" {last_argv()} "
         read(j, lambda got: len(got) == 1)
-        assert j.position().cursor == cur and "--after-cursor" not in last_argv()
-        j._p.kill()  # journalctl dies: started again after the last entry read, and said so
+        assert j.position().cursor == cur2 and last_argv().endswith(f"-f -n all --after-cursor {cur1}")
+        j._p.kill()  # the follower dies
+        assert read(j, lambda got: got == [] and j.note) == []
+        assert "started again in 1 s, after the last entry read" in j.note
+        t = time.monotonic()
         read(j, lambda got: len(got) == 1)
-        assert last_argv().endswith(f"--after-cursor {cur}") and "started again" in (j.note or "")
+        assert time.monotonic() - t > 0.5 and last_argv().endswith(f"--after-cursor {cur2}")
     finally:
         j.close()
-    j = Journal("journal:xl2tpd", follow=True)
-    assert j.resume(cpt.JournalPos(cursor=cur.replace(f"b={boot}", "b=" + "0" * 32))) == \
-        "its cursor is of another boot"
-    bad = cur.replace("s=" + "a" * 32, "s=bad" + "a" * 29)  # a cursor this journalctl turns down
-    assert j.resume(cpt.JournalPos(cursor=bad)) is None
+    d = Discovery(["journal:xl2tpd"], proc=False, kernel=False, follow=True)
     try:
-        read(j, lambda got: len(got) == 1)  # turned down, then the whole boot
-        assert j.gaps == 1 and "refused the saved cursor" in j.note and "--after-cursor" not in last_argv()
+        d.refresh(control=False)
+        assert d.sources[0].parser.lines >= 1, "a start's refresh reads the journal's entries"
+    finally:
+        d.close()
+    j = Journal("journal:xl2tpd", follow=True)
+    try:
+        assert j.resume(cpt.JournalPos(cursor=cur1.replace(f"b={boot}", "b=" + "0" * 32))) == \
+            "its cursor is of another boot"
+        bad = cur1.replace("s=" + "a" * 32, "s=bad" + "a" * 29)  # a cursor this journalctl turns down
+        assert j.resume(cpt.JournalPos(cursor=bad)) == "journalctl refused its cursor (status 1)"
+        assert j.position() is None
+        assert j.resume(cpt.JournalPos(cursor=cur1)) is None
+        j.read_lines()
+        assert last_argv().endswith(f"--after-cursor {cur1}") and " -f " not in f" {last_argv()} "
     finally:
         j.close()
 

@@ -600,10 +600,13 @@ def test_several_xl2tpd_in_one_stream_keep_their_own_calls_and_the_control_pipe_
         assert d.has_control(f"{name}@147") and not d.has_control(name)
         (c100,) = [c for c in d.tracker.calls() if c.call_id == 100]
         assert d.listed_by_control(c100, float("-inf")) is True
-        # pid 200 exits: only its calls end
+        # pid 200 exits: only its calls end; the pipe still answers for pid 147 (not for the
+        # stream's first name, now without a live xl2tpd): no copy of its tunnel or calls there
         alive.discard(200)
         ev = d._reconcile_proc(scanned())
         assert sorted((e.event, e.call.call_id) for e in ev if e.event == "CallDown") == [("CallDown", 50)]
+        assert d._reconcile_control() == [] and d.has_control(f"{name}@147") and not d.has_control(name)
+        assert sorted(c.key() for c in d.tracker.calls()) == [(f"{name}@147", 100)]
         # a new xl2tpd (pid 201) takes the stream's first name; pid 147's lines still go to its own
         alive.add(201)
         with log.open("a") as f:
@@ -618,5 +621,15 @@ def test_several_xl2tpd_in_one_stream_keep_their_own_calls_and_the_control_pipe_
         ev = d._reconcile_proc(scanned())
         assert sorted(e.call.call_id for e in ev if e.event == "CallDown") == [100, 101]
         assert [c.key() for c in d.tracker.calls()] == [(name, 60)] and f"{name}@147" not in d.tracker.instances
+        # a second xl2tpd that logs its own exit: its instance goes at the next scan
+        alive.add(202)
+        with log.open("a") as f:
+            f.write("xl2tpd[202]: Listening on IP address 0.0.0.0, port 1701\n"
+                    "xl2tpd[202]: death_handler: Fatal signal 15 received\n")
+        d.poll(reconcile=False)
+        assert f"{name}@202" in d.tracker.instances
+        alive.discard(202)
+        d._reconcile_proc(scanned())
+        assert sorted(d.tracker.instances) == [name]
     finally:
         d.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -196,6 +197,8 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         main = sh("systemctl", "show", "-p", "MainPID", "--value", "pipexctl.service").strip()
         assert "journal:xl2tpd: resumed at its saved cursor with 1 call(s) known" in \
             journal("-u", "pipexctl", f"_PID={main}"), state()
+        firsts = [int(n) for n in re.findall(r"first read of (\d+) log line", journal("-u", "pipexctl"))]
+        assert len(firsts) == 2 and firsts[0] > 0 and firsts[1] < firsts[0], (firsts, state())
 
         # systemctl reload: SIGHUP, everything read again, the call kept
         sh("systemctl", "reload", "pipexctl.service")

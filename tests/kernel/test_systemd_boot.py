@@ -328,8 +328,8 @@ def test_two_xl2tpd_in_one_journal_each_keep_their_own_calls(tmp_path):
         # daemon's child, dies of it and is started again after its last entry
         os.killpg(serve.pid, signal.SIGHUP)
         wait_until(lambda: "reloaded (SIGHUP)" in out.read_text(), "the reload done", timeout=60, detail=detail)
-        wait_until(lambda: "started again after the last entry read" in out.read_text(), "journalctl restarted",
-                   timeout=30, detail=detail)
+        wait_until(lambda: re.search(r"journalctl exited \(status -?\d+\): started again in \d+ s, after the last "
+                                     r"entry read", out.read_text()), "journalctl restarted", timeout=30, detail=detail)
         assert set(calls()) == {"lac", "lns"} and calls()["lns"]["path"] == "offloaded", detail()
         assert calls()["lac"]["instance"] == inst[lac_pid], detail()
         ok, text = ping()

@@ -352,8 +352,7 @@ class Discovery:
                 pos = None
             if pos is None:
                 continue
-            own = [cpt.InstanceState.of(i) for n, i in self.tracker.instances.items()
-                   if n == s.name or n.startswith(s.name + "@")]
+            own = [cpt.InstanceState.of(i) for i in self._instances_of(s)]
             out.append(cpt.SourceState(name=s.name, position=pos, parser=s.parser.state(), instances=own))
         return cpt.Checkpoint(boot_id=cpt.boot_id(), sources=out)
 

@@ -34,6 +34,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, Field, ValidationError
 
+from .. import files
 from .state import CallInfo, Instance, TunnelInfo
 
 MAX_BYTES = 64 << 20
@@ -161,21 +162,7 @@ def encode(cp: Checkpoint) -> bytes:
 
 
 def write(path: str, data: bytes) -> None:
-    """Atomic replace: temp file (O_EXCL|O_NOFOLLOW, mode 0600), fsync, rename."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        os.unlink(tmp)  # a crash's leftover (unlink removes a symlink, never its target)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    files.atomic_write(path, data)
 
 
 def cursor_of(line: bytes) -> Optional[str]:

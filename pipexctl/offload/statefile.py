@@ -39,6 +39,7 @@ from typing import Callable, Iterable, Literal, Optional
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.dataclasses import dataclass as pdataclass
 
+from .. import files
 from ..model import Session, Tunnel
 
 VERSION = 2
@@ -112,28 +113,11 @@ def load(path: str) -> tuple[State, Optional[str]]:
 
 
 def save(path: str, state: State) -> None:
-    """Atomic replace: temp file in the same directory, fsync, rename, fsync dir."""
+    """Atomic replace (files.atomic_write)."""
     d = os.path.dirname(path) or "."
     os.makedirs(d, mode=0o700, exist_ok=True)  # made here only when missing; never chmodded
     state = state.model_copy(update={"written": time.time(), "pid": os.getpid()})
-    data = state.model_dump_json().encode()
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        os.unlink(tmp)  # a leftover of a crash (unlink removes a symlink itself, never its target)
-    except FileNotFoundError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    files.atomic_write(path, state.model_dump_json().encode())
 
 
 class Writer:

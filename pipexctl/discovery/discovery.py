@@ -550,7 +550,7 @@ class Discovery:
                             ev += self.tracker._ev(lambda: CallUp(call=c.copy()))
                         else:
                             ev += self.tracker._update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
-                                                            section=section)
+                                                            peer_port=st.peer_port or None, section=section)
             for c in list(ins.calls.values()):
                 if c.role == "lns" and c.call_id not in lns_calls and (then_cids is None or c.call_id in then_cids):
                     ev += self.tracker._call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")

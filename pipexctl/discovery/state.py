@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
-from typing import Callable, Literal, Optional, Union
+from typing import Callable, Literal, NamedTuple, Optional, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
@@ -22,6 +22,16 @@ from . import logparse as lp
 
 DataPath = Literal["kernel", "userspace", "unknown"]
 Role = Literal["lac", "lns", "unknown"]
+
+
+class CallIds(NamedTuple):
+    """The ids a kernel session for a call needs, all known."""
+
+    tunnel_id: int
+    peer_tunnel_id: int
+    call_id: int
+    peer_call_id: int
+    peer_port: int  # the tunnel's UDP port at the peer: a NAT or a second LAC makes it other than 1701
 
 
 # The tracker's per-call and per-tunnel records are slotted, validated
@@ -50,6 +60,12 @@ class CallInfo:
 
     def key(self) -> tuple:
         return (self.instance, self.call_id)
+
+    def ids(self) -> Optional[CallIds]:
+        """Its kernel ids, or None while one is not yet known."""
+        if self.tunnel_id is None or self.peer_tunnel_id is None or self.peer_call_id is None or not self.peer_port:
+            return None
+        return CallIds(self.tunnel_id, self.peer_tunnel_id, self.call_id, self.peer_call_id, self.peer_port)
 
     def copy(self, **update) -> "CallInfo":
         """A deep copy (events carry snapshots), with *update* applied."""
@@ -407,7 +423,7 @@ class Tracker:
             known = ins.calls.get(rec.call_id)
             if known is not None:
                 return self._update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
-                                         section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
+                                         peer_port=t.peer_port if t else None, section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
             if t is None:
                 return []
             c = CallInfo(instance=instance, role=t.role, section=rec.section, peer=t.peer, peer_port=t.peer_port,

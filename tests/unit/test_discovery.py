@@ -81,17 +81,21 @@ def test_xl2tpd_restart_ends_the_old_objects():
 
 
 def test_ambiguous_call_waits_for_a_tunnel_id():
+    """Two tunnels from one address (two LACs behind one NAT): the call
+    gets its tunnel, and that tunnel's port, from the status dump."""
     lines = [
         "xl2tpd[1]: Connection established to 10.0.0.2, 1701.  Local: 5, Remote: 6 (ref=0/0).  LNS session is 'd'",
-        "xl2tpd[1]: Connection established to 10.0.0.2, 1701.  Local: 7, Remote: 8 (ref=0/0).  LNS session is 'd'",
+        "xl2tpd[1]: Connection established to 10.0.0.2, 1702.  Local: 7, Remote: 8 (ref=0/0).  LNS session is 'd'",
         "xl2tpd[1]: Call established with 10.0.0.2, PID: 99, Local: 100, Remote: 200, Serial: 1",
     ]
     t, ev = events("x", lines)
     assert ev[-1].event == "CallUp" and ev[-1].call.tunnel_id is None  # two tunnels to one peer: not guessed
+    assert ev[-1].call.ids() is None
     more = [e for r in lp.parse_lines([
-        "xl2tpd[1]: Tunnel d, ID = 7 (local), 8 (remote) to 10.0.0.2:1701, x",
+        "xl2tpd[1]: Tunnel d, ID = 7 (local), 8 (remote) to 10.0.0.2:1702, x",
         "xl2tpd[1]: Call d # 1, ID = 100 (local), 200 (remote), serno = 1, x"]) for e in t.apply("x", r)]
     assert more[-1].event == "CallUpdated" and more[-1].call.tunnel_id == 7
+    assert more[-1].call.ids() == (7, 8, 100, 200, 1702)
 
 
 def test_control_reply_parsing_real_text():

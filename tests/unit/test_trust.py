@@ -367,6 +367,37 @@ def test_a_listed_call_is_given_and_a_silent_control_pipe_leaves_the_logs_word_c
         pppd.wait()
 
 
+def test_two_tunnels_from_one_address_the_call_gets_its_tunnels_port_from_the_control_pipe(watched):
+    """Two LACs behind one NAT address: the LNS log names only the address
+    for a call, so the control pipe says which tunnel holds it, and the
+    call goes out with that tunnel's port (1702), not 1701's."""
+    from pipexctl.discovery import control
+
+    class TwoTunnels(StubControl):
+        def available(self):
+            self.asked += 1
+            return control.Available(lns=["default"], tunnels=[control.AvailableTunnel(28399, 28398, 0),
+                                                               control.AvailableTunnel(5001, 5000, 1)])
+
+        def status_lns(self, name):
+            return [control.StatusTunnel(28399, "10.99.1.2", 1701, {}),
+                    control.StatusTunnel(5001, "10.99.1.2", 1702, {100: control.StatusCall(100)})]
+
+    w, log = watched
+    _with_control(w, TwoTunnels([]))
+    pppd = _pppd_for()
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 300).splitlines(keepends=True)[0]
+                    + _call_lines(pppd.pid, 100, tid=5000).replace(", 1701.", ", 1702."))
+        call, why = w.call_of(pppd.pid, 3.0)
+        assert call is not None, why
+        assert call.ids() == (5000, 5001, 100, 101, 1702)
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
 def test_a_scrape_never_waits_for_a_request_holding_discovery(watched):
     import threading
 

@@ -9,7 +9,7 @@ import functools
 import ipaddress
 import json
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import click
 from pydantic import ValidationError
@@ -82,7 +82,7 @@ def _emit_json(data) -> None:
     click.echo(json.dumps(data, indent=None, default=str))
 
 
-def _table(rows: list[list[str]], header: list[str]) -> None:
+def _table(rows: list[list[Any]], header: list[str]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     for r in [header] + rows:
         click.echo("  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip())

@@ -119,9 +119,9 @@ def in_guest(seconds: int) -> int:
             TunnelSpec(tunnel_id=200, peer_tunnel_id=100, local=Endpoint.parse(f"{pair.B4}:5001"),
                        remote=Endpoint.parse(f"{pair.A4}:5000")),
         )
-        for side, r in (("lac", ra), ("lns", rb)):
-            print(f"    {side}: tunnel {r.tunnel.tunnel_id}->{r.tunnel.peer_tunnel_id}, "
-                  f"session {r.session.session_id}->{r.session.peer_session_id}, interface {r.session.ifname}")
+        for side, made in (("lac", ra), ("lns", rb)):
+            print(f"    {side}: tunnel {made.tunnel.tunnel_id}->{made.tunnel.peer_tunnel_id}, session "
+                  f"{made.session.session_id}->{made.session.peer_session_id}, interface {made.session.ifname}")
 
         step(5, f"what the kernel holds in {lac}, as iproute2 shows it")
         print("    " + (_sh("ip", "-n", lac, "l2tp", "show", "tunnel") + _sh("ip", "-n", lac, "l2tp", "show", "session"))

@@ -211,7 +211,7 @@ class Orchestrator:
             if have is not None and not check:
                 self.delete_session(session.tunnel_id, session.session_id, tunnel_too=tunnel_too)
             return {"changed": have is not None, "before": before, "after": None}
-        if have is not None:
+        if have is not None and before is not None:
             diffs = [f"{k} {before.get(k)} != {v}" for k, v in
                      (("peer_session_id", session.peer_session_id), ("pw_type", session.pw_type.value),
                       ("ifname", session.ifname)) if v is not None and before.get(k) != v]

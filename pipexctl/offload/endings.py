@@ -11,13 +11,18 @@ end no exit confirmed within UNCONFIRMED_AFTER.  A mixin of OffloadService.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import errors
 from ..discovery.state import CallDown, TunnelDown
 
 if TYPE_CHECKING:
+    from ..orchestrator import Orchestrator
+    from .datapath import DataPath
+    from .exits import Exits
+    from .ptys import PtyHolder
     from .service import TunnelState
     from .statefile import SessionRecord
 
@@ -28,6 +33,17 @@ UNCONFIRMED_AFTER = 10.0
 
 
 class Endings:
+    # OffloadService's, whose part this is (declared for the type checker)
+    lock: threading.RLock
+    tunnels: dict[tuple[str, int], "TunnelState"]
+    awaiting: dict[tuple, tuple[float, str]]
+    stats: dict[str, int]
+    orch: "Orchestrator"
+    datapath: "DataPath"
+    exits: "Exits"
+    ptys: "PtyHolder"
+    save: Callable[[], None]
+
     def _end_call(self, ts: "TunnelState", call_id: int, why: str, delete: bool = True) -> None:
         """Remove an offloaded session (``delete``: from the kernel too; it is
         gone already when its pppd closed the channel)."""
@@ -98,9 +114,10 @@ class Endings:
         """Discovery's word that a call or tunnel ended, acted on once an
         exit confirms it (``sweep`` finishes what waits for one)."""
         if isinstance(e, CallDown):
-            ts = self.tunnels.get((e.call.instance, e.call.tunnel_id))
+            tid = e.call.tunnel_id
+            ts = self.tunnels.get((e.call.instance, tid)) if tid is not None else None
             rec = ts.records.get(e.call.call_id) if ts else None
-            if rec is None:
+            if ts is None or rec is None:
                 self.ptys.release((e.call.instance, e.call.call_id))
                 return
             if e.call.pppd_pid and rec.pppd_pid != e.call.pppd_pid:

@@ -171,7 +171,7 @@ class Relay:
             self._drop(data[0])  # attaching a socket twice keeps one copy
             if op == "add":
                 obj.setblocking(False)
-                self.sel.register(obj, selectors.EVENT_READ, data)
+                self.sel.register(obj, selectors.EVENT_READ, (*data, obj))  # (ident, key, the socket)
             else:
                 obj.set()
 
@@ -179,7 +179,7 @@ class Relay:
         for k in list(self.sel.get_map().values()):
             if k.data is not None and k.data[0] == ident:
                 self.sel.unregister(k.fileobj)
-                k.fileobj.close()
+                k.data[2].close()
 
     def _run(self) -> None:
         while not self._stop:
@@ -192,14 +192,14 @@ class Relay:
                         except BlockingIOError:
                             pass
                         continue
-                    self._drain(k.fileobj, k.data[1])
+                    self._drain(k.data[2], k.data[1])
             except Exception:  # the tunnels' control depends on this thread: never let it die
                 self.errors += 1
                 log.exception("relay: unexpected error; relaying on")
                 time.sleep(0.1)
         for k in list(self.sel.get_map().values()):
             if k.data is not None:
-                k.fileobj.close()
+                k.data[2].close()
         self.sel.close()
 
     def _drain(self, sock: socket.socket, key: Key) -> None:

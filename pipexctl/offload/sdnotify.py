@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional
+from typing import MutableMapping, Optional
 
 LISTEN_FDS_START = 3
 
@@ -28,14 +28,14 @@ def listen_socket(env: Optional[dict] = None) -> Optional[socket.socket]:
     """The listening socket systemd passed, or None when not socket-activated.
 
     The variables are removed from the environment so no child inherits them."""
-    env = os.environ if env is None else env
+    env_: MutableMapping[str, str] = os.environ if env is None else env
     try:
-        mine = int(env.get("LISTEN_PID", "0")) == os.getpid()
-        n = int(env.get("LISTEN_FDS", "0"))
+        mine = int(env_.get("LISTEN_PID", "0")) == os.getpid()
+        n = int(env_.get("LISTEN_FDS", "0"))
     except ValueError:
         mine, n = False, 0
     for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        env.pop(k, None)
+        env_.pop(k, None)
     if not mine or n < 1:
         return None
     s = socket.socket(fileno=LISTEN_FDS_START)

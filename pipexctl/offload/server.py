@@ -232,6 +232,7 @@ class OffloadServer:
                 return  # connected and closed without a request (a liveness probe)
             req, refusal = parse_request(data)
             if req is None:
+                refusal = refusal or "malformed_request"
                 self._reply(conn, {"ok": False, "error": refusal.replace("_", " ")})
                 self.service.refused(refusal)
                 return

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .. import errors
-from ..discovery.state import CallInfo
+from ..discovery.state import CallIds, CallInfo
 from ..kernel.backend import KernelBackend, PPPChannel
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from ..orchestrator import Orchestrator, Transaction
@@ -241,12 +241,15 @@ class OffloadService(Endings):
 
     def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int]):
         """The kernel objects and the record of ``call`` (caller holds the lock)."""
+        ids = call.ids()
+        if ids is None:
+            raise errors.InvalidArgumentError(f"call {call.call_id}: its tunnel and peer ids are not all known")
         with self.orch.transaction() as tx:
             tx.on_rollback(self.save)  # registered first: runs last
-            key = (call.instance, call.tunnel_id)
+            key = (call.instance, ids.tunnel_id)
             ts = self.tunnels.get(key)
             if ts is not None and (ts.peer_tunnel_id, ts.peer, ts.peer_port) != (call.peer_tunnel_id, call.peer,
-                                                                              call.peer_port or 1701):
+                                                                              ids.peer_port):
                 # xl2tpd picked the id of a tunnel whose end discovery has not
                 # reported yet (its ids are random): that tunnel is gone when
                 # xl2tpd's control pipe lists the new one, or when its pppds
@@ -262,47 +265,48 @@ class OffloadService(Endings):
                 ts = None
             made_tunnel = ts is None
             if ts is None:
-                ts = self._new_tunnel(call, tx, xl2tpd_pid)
+                ts = self._new_tunnel(call, ids, tx, xl2tpd_pid)
             if call.call_id in ts.records and self._stale_session(ts, call.call_id):
                 # the id of a call whose end discovery has not reported yet
                 self._forget_session(ts, call.call_id, "its id was reused by a new call")
             if call.call_id in ts.records:
                 raise errors.ConflictError(f"call {call.call_id} of tunnel {call.tunnel_id} is already offloaded")
             tx.create_session(SessionSpec(tunnel_id=ts.tunnel_id, session_id=call.call_id,
-                                          peer_session_id=call.peer_call_id, version=2, pw_type=PwType.ppp,
+                                          peer_session_id=ids.peer_call_id, version=2, pw_type=PwType.ppp,
                                           lns_mode=call.role == "lns"))
             self.failpoint("session-created")
             # what PPPoL2TP connect needs is known: no netlink round trip to read it back
             ch = tx.connect_ppp(Tunnel(tunnel_id=ts.tunnel_id, peer_tunnel_id=ts.peer_tunnel_id, version=2,
                                        encap=Encap.udp),
                                 Session(tunnel_id=ts.tunnel_id, session_id=call.call_id,
-                                        peer_session_id=call.peer_call_id, pw_type=PwType.ppp))
+                                        peer_session_id=ids.peer_call_id, pw_type=PwType.ppp))
             self.failpoint("channel-connected")
-            rec = SessionRecord(call_id=call.call_id, peer_call_id=call.peer_call_id,
+            rec = SessionRecord(call_id=call.call_id, peer_call_id=ids.peer_call_id,
                                 pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role, pty=pty)
             self.exits.watch(rec.pppd_pid)
-            tx.on_rollback(lambda: (ts.records.pop(call.call_id, None), self.exits.unwatch(rec.pppd_pid)))
+            tx.on_rollback(lambda: ts.records.pop(call.call_id, None))
+            tx.on_rollback(lambda: self.exits.unwatch(rec.pppd_pid))
             ts.records[call.call_id] = rec
             # written by offload() without the lock, shared with the offloads running beside it
             snap = self.snapshot()
             meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
-                    "peer_session_id": call.peer_call_id, "local": f"{ts.local}:{ts.local_port}",
+                    "peer_session_id": ids.peer_call_id, "local": f"{ts.local}:{ts.local_port}",
                     "peer": f"{ts.peer}:{ts.peer_port}", "role": call.role}
             return ch, meta, ts, rec, made_tunnel, snap
 
-    def _new_tunnel(self, call: CallInfo, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:
-        peer_port = call.peer_port or 1701
+    def _new_tunnel(self, call: CallInfo, ids: CallIds, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:
+        peer_port = ids.peer_port
         local = self.datapath.local_for(call.peer, peer_port)
         # a second tunnel from the same peer address and port: the data path
         # decides where its socket goes (a private port before Linux 6.11)
         twin = any((t.local, t.peer, t.peer_port, t.local_port) == (local, call.peer, peer_port, self.xl2tpd_port)
                    for t in self.tunnels.values())
-        s = self.datapath.open(local, call.peer, peer_port, call.tunnel_id, twin)
-        tx.on_rollback(lambda: self.datapath.close_tunnel(s, call.tunnel_id))
-        tx.create_tunnel(TunnelSpec(tunnel_id=call.tunnel_id, peer_tunnel_id=call.peer_tunnel_id, version=2,
+        s = self.datapath.open(local, call.peer, peer_port, ids.tunnel_id, twin)
+        tx.on_rollback(lambda: self.datapath.close_tunnel(s, ids.tunnel_id))
+        tx.create_tunnel(TunnelSpec(tunnel_id=ids.tunnel_id, peer_tunnel_id=ids.peer_tunnel_id, version=2,
                                     fd=s.fileno()))
-        key = (call.instance, call.tunnel_id)
-        ts = self.tunnels[key] = TunnelState(call.instance, call.tunnel_id, call.peer_tunnel_id, local, call.peer,
+        key = (call.instance, ids.tunnel_id)
+        ts = self.tunnels[key] = TunnelState(call.instance, ids.tunnel_id, ids.peer_tunnel_id, local, call.peer,
                                              peer_port, s, s.getsockname()[1], xl2tpd_pid=xl2tpd_pid)
         tx.on_rollback(lambda: self.tunnels.pop(key, None))
         if xl2tpd_pid is not None:

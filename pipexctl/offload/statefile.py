@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Literal, Optional
+from typing import Callable, Final, Iterable, Literal, Optional
 
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.dataclasses import dataclass as pdataclass
@@ -42,7 +42,7 @@ from pydantic.dataclasses import dataclass as pdataclass
 from .. import files
 from ..model import Session, Tunnel
 
-VERSION = 2
+VERSION: Final = 2
 
 
 # Records are slotted, validated dataclasses (one per offloaded call is
@@ -146,6 +146,8 @@ class Writer:
             if self._written >= n:
                 return  # a later state was written meanwhile
             newest, state = self._newest
+            if state is None:
+                return  # nothing was ever snapshotted
             save(self.path, state)  # a failure raises: every caller it covered tries again itself
             self._written = newest
             self.writes += 1

@@ -192,8 +192,8 @@ class CallWatch:
                 return None, (f"{len(claims)} calls name pppd {pid} (calls "
                               f"{', '.join(str(c.call_id) for c in claims)}): a forged log line?")
             mine = claims[0] if claims else None
-            complete = mine is not None and None not in (mine.tunnel_id, mine.peer_tunnel_id, mine.peer_call_id)
-            if complete and verdict[id(mine)] is not None:
+            complete = mine is not None and mine.ids() is not None
+            if mine is not None and complete and verdict[id(mine)] is not None:
                 why = _argv_disagrees(pid, mine)
                 return (None, why) if why else (mine.copy(), "")
             if (mine is not None or refuted) and self._asking is not None and time.monotonic() < end:
@@ -210,7 +210,7 @@ class CallWatch:
                 failed = self._ask_control()
                 # the answer also ends a call it does not list in the model: judged here
                 self._refute(refuted, pid, [c for c in before if self._listed(c, since) is False])
-                if complete and failed and self._listed(mine, since) is None:
+                if mine is not None and complete and failed and self._listed(mine, since) is None:
                     # xl2tpd did not answer: the log's word, checked against pppd's argv
                     log.warning("call %d of pppd %d not checked against xl2tpd's control pipe (no answer)",
                                 mine.call_id, pid)
@@ -226,7 +226,7 @@ class CallWatch:
                                   f"xl2tpd's control pipe does not list it: a forged log line?")
                 return None, (f"call {mine.call_id} known, but not yet its tunnel/peer ids (tunnel "
                               f"{mine.tunnel_id}, peer tunnel {mine.peer_tunnel_id}, peer call "
-                              f"{mine.peer_call_id})" if mine else "no call names this pid")
+                              f"{mine.peer_call_id}, peer port {mine.peer_port})" if mine else "no call names this pid")
             if not kicked:  # out of its idle sleep: it polls every log_interval while we wait
                 kicked = True
                 self.wake.kick()
@@ -308,16 +308,16 @@ class CallWatch:
         sel = selectors.DefaultSelector()
         for src in (self.wake, stop, reload, exits):
             if src is not None and hasattr(src, "fileno"):
-                sel.register(src, selectors.EVENT_READ)
+                sel.register(src, selectors.EVENT_READ, src)
         last = checked = time.monotonic()
         try:
             while not stop.is_set():
                 quick = self.waiting or busy() or time.monotonic() - self.active < self.ACTIVE_FOR
-                woke = [k.fileobj for k, _ in sel.select(self.log_interval if quick else self.IDLE_INTERVAL)]
+                woke = [k.data for k, _ in sel.select(self.log_interval if quick else self.IDLE_INTERVAL)]
                 if stop.is_set():
                     break
                 for src in woke:
-                    if src is self.wake or src is reload:
+                    if isinstance(src, FdEvent):
                         src.drain()
                 now = time.monotonic()
                 if exits is not None and exits in woke or now - checked >= 0.5:

@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Optional
 
 from .probe import ip_json
 
@@ -47,7 +48,7 @@ class Instance:
     local: str
     peer: str = ""
     proc: subprocess.Popen | None = None
-    log_file: object = None
+    log_file: Optional[BinaryIO] = None
 
     @property
     def control(self) -> str:
@@ -67,7 +68,7 @@ class Lab:
     kernel_mode: bool = False
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pxlab-")))
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
-    lns: Instance | None = None
+    _lns: Instance | None = None  # made by setup(): read it as `lns`
     lacs: list[Instance] = field(default_factory=list)
     serves: list = field(default_factory=list)
     sections: int = 1  # [lac] sections per LAC, each its own tunnel: "lns", "lns2", ...
@@ -76,6 +77,19 @@ class Lab:
     ppp_opts: str = PPP_OPTS_COMMON  # the first lines of every pppd options file
     lac_kernel_mode: bool | None = None  # the LACs' xl2tpd mode when it differs from the LNS's
     lac_extra_pppd: str | None = None  # the LACs' pppd lines when they differ from the LNS's (write_configs)
+    # the LNS's local PPP address and its peers' pool; >249 calls need a wider one (scale runs)
+    pool: tuple[str, str, str] = ("10.99.100.1", "10.99.100.2", "10.99.100.250")
+
+    @property
+    def lns(self) -> Instance:
+        if self._lns is None:
+            raise RuntimeError("the lab is not set up: Lab.setup() first")
+        return self._lns
+
+    def instances(self, lacs_first: bool = False) -> list[Instance]:
+        """Its xl2tpd instances made so far: the LNS and the LACs."""
+        lns = [self._lns] if self._lns is not None else []
+        return [*self.lacs, *lns] if lacs_first else [*lns, *self.lacs]
 
     def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
@@ -86,7 +100,7 @@ class Lab:
         lns_ns = f"lns{self.tag}"
         self._sh("ip", "netns", "add", lns_ns)
         self._sh("ip", "-n", lns_ns, "link", "set", "lo", "up")
-        self.lns = Instance("lns", lns_ns, "lns", self.base / "lns", "10.99.1.1")
+        self._lns = Instance("lns", lns_ns, "lns", self.base / "lns", "10.99.1.1")
         self.lns.dir.mkdir(parents=True)
         if n_lacs > 153:
             raise ValueError("at most 153 LACs: each has its own 10.99.X.0/24, and 10.99.100.0/24 is the calls'")
@@ -116,7 +130,6 @@ class Lab:
 
     def write_configs(self, extra_pppd: str = "") -> None:
         """``extra_pppd`` may use ``{sock}``: the instance's pipexctl serve socket."""
-        assert self.lns is not None
         (self.lns.dir / "options").write_text(
             self.ppp_opts + f"logfile {self.lns.dir}/pppd.log\nms-dns 10.99.200.1\n"
             + extra_pppd.format(sock=self.serve_socket(self.lns)))
@@ -124,8 +137,8 @@ class Lab:
             self._global(None, self.lns_global)
             + f"""
 [lns default]
-ip range = 10.99.100.2-10.99.100.250
-local ip = 10.99.100.1
+ip range = {self.pool[1]}-{self.pool[2]}
+local ip = {self.pool[0]}
 require authentication = no
 refuse chap = yes
 refuse pap = yes
@@ -176,7 +189,7 @@ pppoptfile = {lac.dir}/options
         wait until each accepts (Python starts slowly under TCG: ~10 s each)."""
         import sys
 
-        insts = insts if insts is not None else [*([self.lns] if self.lns else []), *self.lacs]
+        insts = insts if insts is not None else self.instances()
         procs = []
         for inst in insts:
             out = open(inst.dir / "serve.log", "ab")
@@ -208,7 +221,6 @@ pppoptfile = {lac.dir}/options
 
     def start_all(self, extra_pppd: str = "") -> None:
         self.write_configs(extra_pppd)
-        assert self.lns is not None
         self.start(self.lns)
         for lac in self.lacs:
             self.start(lac)
@@ -298,12 +310,12 @@ pppoptfile = {lac.dir}/options
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        for inst in [*self.lacs, *( [self.lns] if self.lns else [])]:
+        for inst in self.instances(lacs_first=True):
             self.kill(inst)
             if inst.log_file:
                 inst.log_file.close()
         subprocess.run(["pkill", "-f", f"pppd.*{self.base}"], capture_output=True)
-        for inst in [*self.lacs, *([self.lns] if self.lns else [])]:
+        for inst in self.instances(lacs_first=True):
             subprocess.run(["ip", "netns", "del", inst.ns], capture_output=True)
 
     def __enter__(self) -> "Lab":
@@ -315,7 +327,7 @@ pppoptfile = {lac.dir}/options
     def tails(self, chars: int = 1500) -> str:
         """The end of every log of the lab (xl2tpd, pppd, serve), for a failure message."""
         out = []
-        for inst in [*([self.lns] if self.lns else []), *self.lacs]:
+        for inst in self.instances():
             for f in (inst.log, inst.dir / "pppd.log", inst.dir / "serve.log"):
                 if f.exists():
                     out.append(f"----- {inst.name}/{f.name} (last {chars} chars)\n"
@@ -323,7 +335,7 @@ pppoptfile = {lac.dir}/options
         return "\n" + "\n".join(out)
 
     def keep_logs(self, dest: Path) -> None:
-        for inst in [*( [self.lns] if self.lns else []), *self.lacs]:
+        for inst in self.instances():
             if inst.log.exists():
                 shutil.copy(inst.log, dest / f"{inst.name}-{'kernel' if self.kernel_mode else 'user'}.log")
             for extra in ("serve.log", "pppd.log"):
@@ -464,7 +476,7 @@ def iperf_server(ns: str, addr: str, timeout: float = 10):
             if "LISTEN" in out:
                 break
             if srv.poll() is not None:
-                raise RuntimeError(f"iperf3 server on {addr} in {ns} did not start: {srv.stderr.read()[-300:]}")
+                raise RuntimeError(f"iperf3 server on {addr} in {ns} did not start: {srv.stderr.read()[-300:] if srv.stderr else ''}")
             if time.monotonic() > end:
                 raise RuntimeError(f"iperf3 server on {addr} in {ns}: not listening after {timeout:g} s")
             time.sleep(0.1)

@@ -241,14 +241,14 @@ def _module_closure(version: str, names: tuple[str, ...], root: Path = Path("/")
         order.append(path)
 
     for name in names:
-        path = by_name.get(name) or by_name.get(name.replace("-", "_"))
-        if path is None and (name in builtin or name.replace("-", "_") in builtin):
+        found = by_name.get(name) or by_name.get(name.replace("-", "_"))
+        if found is None and (name in builtin or name.replace("-", "_") in builtin):
             continue  # built into this kernel (Debian 13: virtio_pci)
-        if path is None:
+        if found is None:
             if name == "virtio-rng":
                 continue  # optional: only speeds up the entropy pool
             raise VMError(f"kernel {version} has no module {name}")
-        visit(path)
+        visit(found)
     files = [moddir / p for p in order]
     for f in files:
         if not f.name.endswith((".ko", ".ko.xz")):

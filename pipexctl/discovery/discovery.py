@@ -517,7 +517,7 @@ class Discovery:
                 else (None, None)
             live_tids = {t.tunnel_id for t in av.tunnels}
             for tid in [t for t in ins.tunnels if t not in live_tids and (then_tids is None or t in then_tids)]:
-                ev += self.tracker._tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
+                ev += self.tracker.tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
             by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
             self.listed[ins.name] = Listed(
                 asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
@@ -535,7 +535,7 @@ class Discovery:
                         t = TunnelInfo(instance=ins.name, role="lns", section=section, peer=st.peer,
                                        peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                        sources=["control"])
-                        ev += self.tracker._tunnel_up(ins, t)
+                        ev += self.tracker.tunnel_up(ins, t)
                     for cid in st.calls:
                         lns_calls.add(cid)
                         c = ins.calls.get(cid)
@@ -546,14 +546,13 @@ class Discovery:
                                          peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                          call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",
                                          sources=["control"])
-                            ins.calls[cid] = c
-                            ev += self.tracker._ev(lambda: CallUp(call=c.copy()))
+                            ev += self.tracker.call_up(ins, c)
                         else:
-                            ev += self.tracker._update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
+                            ev += self.tracker.update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                                             peer_port=st.peer_port or None, section=section)
             for c in list(ins.calls.values()):
                 if c.role == "lns" and c.call_id not in lns_calls and (then_cids is None or c.call_id in then_cids):
-                    ev += self.tracker._call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
+                    ev += self.tracker.call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
         return ev
 
     def _reconcile_proc(self, scanned=None) -> list[Event]:
@@ -576,7 +575,7 @@ class Discovery:
     def _reconcile_instance(self, s: Source, ins, alive: set, children: dict) -> list[Event]:
         ev: list[Event] = []
         if ins.daemon_pid is not None and ins.daemon_pid not in alive:
-            ev += self.tracker._all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
+            ev += self.tracker.all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
             ins.daemon_pid = None
             if ins.name != s.name:  # a second xl2tpd of the stream: its name had its pid
                 del self.tracker.instances[ins.name]
@@ -595,11 +594,11 @@ class Discovery:
                 # the scan may predate the log line that named this pppd
                 # (the daemon scans /proc outside its lock): look again
                 try:
-                    now = procscan._read(c.pppd_pid, with_fds=False)
+                    now = procscan.read_process(c.pppd_pid, with_fds=False)
                 except OSError:  # out of fds here: nothing known of it, nothing ended
                     continue
                 if now is None or now.ppid != ins.daemon_pid:
-                    ev += self.tracker._call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
+                    ev += self.tracker.call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
                     continue
                 if now.comm != "pppd":
                     # xl2tpd logs the call after fork(), before its child
@@ -621,7 +620,7 @@ class Discovery:
         Cheap next to a full scan: used while that pppd waits for its channel
         (the LAC side logs no pppd PID).  Needs the parent xl2tpd's PID to be
         known already (from an earlier scan); otherwise a full scan runs."""
-        p = procscan._read(pid, with_fds=False)
+        p = procscan.read_process(pid, with_fds=False)
         if p is None or p.comm != "pppd":
             return []
         for ins in [i for s in self.sources for i in self._instances_of(s)]:

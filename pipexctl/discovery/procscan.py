@@ -61,7 +61,7 @@ def _split_stat(stat: str) -> tuple[str, list[str]]:
     return stat[stat.find("(") + 1: stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
 
 
-def _read(pid: int, with_fds: bool) -> Optional[Proc]:
+def read_process(pid: int, with_fds: bool) -> Optional[Proc]:
     base = f"/proc/{pid}"
     try:
         with open(f"{base}/stat") as f:
@@ -96,13 +96,13 @@ def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        p = _read(int(name), with_fds=False)
+        p = read_process(int(name), with_fds=False)
         if p is None:
             continue
         if p.comm == "xl2tpd":
             daemons.append(p)
         elif p.comm == "pppd":
-            full = _read(p.pid, with_fds=True)
+            full = read_process(p.pid, with_fds=True)
             if full:
                 pppds.append(full)
     # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon
@@ -128,7 +128,7 @@ def trusted_exes(name: str) -> frozenset[str]:
 
 def argv(pid: int) -> list[str]:
     """``pid``'s command line ([] when it is gone)."""
-    p = _read(pid, with_fds=False)
+    p = read_process(pid, with_fds=False)
     return p.argv if p else []
 
 

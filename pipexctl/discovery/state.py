@@ -221,7 +221,12 @@ class Tracker:
     def _ev(self, make: Callable[[], Event]) -> list[Event]:
         return [] if self.quiet else [make()]
 
-    def _tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
+    def call_up(self, ins: Instance, c: CallInfo) -> list[Event]:
+        """A call learnt from a fact other than a log line (the control pipe)."""
+        ins.calls[c.call_id] = c
+        return self._ev(lambda: CallUp(call=c.copy()))
+
+    def tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
         have = ins.tunnels.get(t.tunnel_id)
         if have is not None:
             for f in ("section", "peer_tunnel_id", "peer_port", "role"):
@@ -234,18 +239,18 @@ class Tracker:
         ins.tunnels[t.tunnel_id] = t
         return self._ev(lambda: TunnelUp(tunnel=t.copy()))
 
-    def _tunnel_down(self, ins: Instance, tid: int, reason: str) -> list[Event]:
+    def tunnel_down(self, ins: Instance, tid: int, reason: str) -> list[Event]:
         t = ins.tunnels.pop(tid, None)
         if t is None:
             return []
         ev: list[Event] = []
         for cid in [c.call_id for c in ins.calls.values() if c.tunnel_id == tid]:
-            ev += self._call_down(ins, cid, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
+            ev += self.call_down(ins, cid, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
         ev += self._ev(lambda: TunnelDown(tunnel=t, reason=reason))
         ins.calling = [e for e in ins.calling if e[1] != tid]  # its calls will never be established
         return ev
 
-    def _call_down(self, ins: Instance, cid: int, reason: str) -> list[Event]:
+    def call_down(self, ins: Instance, cid: int, reason: str) -> list[Event]:
         c = ins.calls.pop(cid, None)
         if c is None:
             return []
@@ -253,16 +258,16 @@ class Tracker:
             ins.last_lac_call = None
         return self._ev(lambda: CallDown(call=c, reason=reason))
 
-    def _all_down(self, ins: Instance, reason: str) -> list[Event]:
+    def all_down(self, ins: Instance, reason: str) -> list[Event]:
         ins.calling, ins.serial_anchor = [], None  # a new xl2tpd numbers its calls afresh
         ev: list[Event] = []
         for tid in list(ins.tunnels):
-            ev += self._tunnel_down(ins, tid, reason)
+            ev += self.tunnel_down(ins, tid, reason)
         for cid in list(ins.calls):
-            ev += self._call_down(ins, cid, reason)
+            ev += self.call_down(ins, cid, reason)
         return ev
 
-    def _update_call(self, c: CallInfo, **fields) -> list[Event]:
+    def update_call(self, c: CallInfo, **fields) -> list[Event]:
         changed = []
         for k, v in fields.items():
             if v is not None and getattr(c, k) in (None, "unknown") and getattr(c, k) != v:
@@ -337,7 +342,7 @@ class Tracker:
                                       f"is pid {ins.daemon_pid}, still running, and {rec.pid} is no xl2tpd (forged)")
                 return []
             # another xl2tpd process writes to this stream: the old one is gone
-            ev = self._all_down(ins, f"xl2tpd pid {ins.daemon_pid} replaced by {rec.pid}")
+            ev = self.all_down(ins, f"xl2tpd pid {ins.daemon_pid} replaced by {rec.pid}")
             ins.daemon_pid = rec.pid
             return ev + self.apply(instance, rec, source)
         if rec.pid is not None:
@@ -349,12 +354,12 @@ class Tracker:
             ins.kernel_mode = rec.kernel
             return []
         if isinstance(rec, lp.DaemonExiting):
-            ev = self._all_down(ins, f"xl2tpd exiting (signal {rec.signal})")
+            ev = self.all_down(ins, f"xl2tpd exiting (signal {rec.signal})")
             ins.daemon_pid = None
             return ev
         if isinstance(rec, lp.TunnelEstablished):
             role: Role = "lns" if rec.lns_section is not None else "lac"
-            return self._tunnel_up(ins, TunnelInfo(
+            return self.tunnel_up(ins, TunnelInfo(
                 instance=instance, role=role, section=rec.lns_section, peer=rec.peer, peer_port=rec.port,
                 tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source]))
         if isinstance(rec, lp.CallingOnTunnel):
@@ -366,7 +371,7 @@ class Tracker:
             if ins.last_lac_call is not None and ins.last_lac_call in ins.calls:
                 c = ins.calls[ins.last_lac_call]
                 ins.last_lac_call = None
-                return self._update_call(c, pppd_argv=list(rec.argv), data_path=data_path_from_argv(rec.argv))
+                return self.update_call(c, pppd_argv=list(rec.argv), data_path=data_path_from_argv(rec.argv))
             ins.pending_argv = rec.argv
             return []
         if isinstance(rec, lp.CallEstablished):
@@ -397,7 +402,7 @@ class Tracker:
             listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
                             and old.peer == rec.peer and old.tunnel_id in (None, tid))
             if old is not None and not listed_first:
-                ev += self._call_down(ins, rec.call_id, "call id reused")
+                ev += self.call_down(ins, rec.call_id, "call id reused")
             c = CallInfo(
                 instance=instance, role=role if t is None else t.role, section=t.section if t else None,
                 peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
@@ -414,7 +419,7 @@ class Tracker:
             return ev + self._ev(lambda: CallUp(call=c.copy()))
         if isinstance(rec, lp.StatusTunnel):
             ins.status_tunnel = rec.tunnel_id
-            return self._tunnel_up(ins, TunnelInfo(
+            return self.tunnel_up(ins, TunnelInfo(
                 instance=instance, section=rec.section, peer=rec.peer, peer_port=rec.port,
                 tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source + ":status"]))
         if isinstance(rec, lp.StatusCall):
@@ -422,7 +427,7 @@ class Tracker:
             t = ins.tunnels.get(tid) if tid is not None else None
             known = ins.calls.get(rec.call_id)
             if known is not None:
-                return self._update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
+                return self.update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
                                          peer_port=t.peer_port if t else None, section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
             if t is None:
                 return []
@@ -438,18 +443,18 @@ class Tracker:
                 m = [t.tunnel_id for t in ins.tunnels.values()
                      if t.peer_tunnel_id == rec.peer_tunnel_id and t.peer == rec.peer]
                 tid = m[0] if len(m) == 1 else None
-            return self._tunnel_down(ins, tid, rec.reason) if tid is not None else []
+            return self.tunnel_down(ins, tid, rec.reason) if tid is not None else []
         if isinstance(rec, lp.MaxRetries):
-            return self._tunnel_down(ins, rec.tunnel_id, "maximum retries exceeded")
+            return self.tunnel_down(ins, rec.tunnel_id, "maximum retries exceeded")
         if isinstance(rec, lp.CallClosed):
             if rec.call_id is not None:
-                return self._call_down(ins, rec.call_id, rec.reason or "call closed")
+                return self.call_down(ins, rec.call_id, rec.reason or "call closed")
             if rec.peer_call_id is not None:
                 m = [c.call_id for c in ins.calls.values() if c.peer_call_id == rec.peer_call_id]
-                return self._call_down(ins, m[0], rec.reason) if len(m) == 1 else []
+                return self.call_down(ins, m[0], rec.reason) if len(m) == 1 else []
             if rec.serial is not None:
                 m = [c.call_id for c in ins.calls.values() if c.serial == rec.serial and c.peer == rec.peer]
-                return self._call_down(ins, m[0], rec.reason or "call closed") if len(m) == 1 else []
+                return self.call_down(ins, m[0], rec.reason or "call closed") if len(m) == 1 else []
             return []
         # PppdTerminating and the rest carry nothing the model needs
         return []
@@ -458,7 +463,7 @@ class Tracker:
     def observe_pppd(self, instance: str, call_id: int, pid: int) -> list[Event]:
         ins = self.inst(instance)
         c = ins.calls.get(call_id)
-        return self._update_call(c, pppd_pid=pid) if c else []
+        return self.update_call(c, pppd_pid=pid) if c else []
 
     def observe_data_path(self, instance: str, call_id: int, path: DataPath) -> list[Event]:
         ins = self.inst(instance)

@@ -50,17 +50,17 @@ def metrics(svc: "OffloadService") -> dict:
     tunnels = list(svc.tunnels.values())
     owned = {(t.tunnel_id, cid): t.peer for t in tunnels for cid in list(t.records)}
     n_tunnels = len(tunnels)
-    with svc._clock:
+    with svc.counter_lock:
         stats, reasons = dict(svc.stats), dict(svc.reasons)
     sessions, error = [], None
-    with svc._mlock:
+    with svc.metrics_lock:
         try:
-            if svc._mbackend is None:
+            if svc.metrics_backend is None:
                 from ..kernel.backend import NetlinkBackend
 
-                svc._mbackend = (NetlinkBackend(netns=svc.backend.netns)
+                svc.metrics_backend = (NetlinkBackend(netns=svc.backend.netns)
                                   if isinstance(svc.backend, NetlinkBackend) else svc.backend)
-            sessions = [s for s in svc._mbackend.session_dump() if (s.tunnel_id, s.session_id) in owned]
+            sessions = [s for s in svc.metrics_backend.session_dump() if (s.tunnel_id, s.session_id) in owned]
         except (errors.PipexError, OSError) as e:
             error = str(e)
     sessions.sort(key=lambda s: (s.tunnel_id, s.session_id))
@@ -91,7 +91,7 @@ def histogram(svc: "OffloadService") -> dict:
     """Cumulative counts per upper bound (seconds), as Prometheus wants them."""
     from .service import LATENCY_BUCKETS
 
-    with svc._clock:
+    with svc.counter_lock:
         counts, total = list(svc.latency_hist), svc.latency_sum
     cum, buckets = 0, []
     for bound, n in zip([*map(str, LATENCY_BUCKETS), "+Inf"], counts):

@@ -125,14 +125,14 @@ class OffloadService(Endings):
         self.latencies: collections.deque = collections.deque(maxlen=1000)  # request -> fd sent, seconds
         self.latency_hist = [0] * (len(LATENCY_BUCKETS) + 1)  # cumulative-free counts; the last is +Inf
         self.latency_sum = 0.0
-        self._clock = threading.Lock()  # counters bumped by concurrent request threads
+        self.counter_lock = threading.Lock()  # counters bumped by concurrent request threads
         self.pty_reasons: dict[int, str] = {}  # pppd pid -> why it was not offloaded
         self.awaiting: dict[tuple, tuple[float, str]] = {}  # ends reported, no exit yet: since, why
         self.last_reconcile: dict = {}
         self.reconciles = 0
         self.max_session_series = 1000  # per-session counters in metrics() beyond this are summed, not listed
-        self._mbackend: Optional[KernelBackend] = None  # metrics' own netlink socket: a scrape never waits for lock
-        self._mlock = threading.Lock()
+        self.metrics_backend: Optional[KernelBackend] = None  # metrics' own netlink socket: a scrape never waits for lock
+        self.metrics_lock = threading.Lock()
         self.failpoints = _failpoints()
 
     def failpoint(self, name: str) -> None:
@@ -149,14 +149,14 @@ class OffloadService(Endings):
 
     # ---------------------------------------------------------- counters
     def refused(self, reason: str, pid: Optional[int] = None) -> None:
-        with self._clock:
+        with self.counter_lock:
             self.stats["refused"] += 1
             self.reasons[("refused", reason)] += 1
             self._why_pty(pid, reason)
 
     def failed(self, e: Exception, pid: Optional[int] = None) -> None:
         label = "out_of_fds" if getattr(e, "errno", None) in (errno.EMFILE, errno.ENFILE) else reason_label(e)
-        with self._clock:
+        with self.counter_lock:
             self.stats["failed"] += 1
             self.reasons[("failed", label)] += 1
             self._why_pty(pid, label)
@@ -169,14 +169,14 @@ class OffloadService(Endings):
                 self.pty_reasons.pop(next(iter(self.pty_reasons)))
 
     def offloaded(self, seconds: float) -> None:
-        with self._clock:
+        with self.counter_lock:
             self.stats["offloaded"] += 1
             self.latencies.append(seconds)
             self.latency_hist[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
             self.latency_sum += seconds
 
     def latencies_now(self) -> list[float]:
-        with self._clock:
+        with self.counter_lock:
             return list(self.latencies)
 
     # ---------------------------------------------------------- the offload
@@ -363,10 +363,10 @@ class OffloadService(Endings):
                 for key in list(self.tunnels):
                     self.drop_tunnel(key, "pipexctl serve stopping", sync=False)
                 self.save()
-        with self._mlock:
-            if self._mbackend is not None and self._mbackend is not self.backend:
-                self._mbackend.close()
-            self._mbackend = None
+        with self.metrics_lock:
+            if self.metrics_backend is not None and self.metrics_backend is not self.backend:
+                self.metrics_backend.close()
+            self.metrics_backend = None
         self.datapath.close()
         self.exits.close()
 

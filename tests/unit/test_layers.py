@@ -102,3 +102,39 @@ def test_the_checker_sees_a_wrong_import(tmp_path):
     deps = imports("pipexctl.orchestrator", bad)
     assert deps == {"pipexctl.offload.service"}
     assert RANK[layer("pipexctl.offload.service")] > RANK[layer("pipexctl.orchestrator")]
+
+
+# private names of other modules' objects that are public API by their own
+# convention: namedtuple's, ctypes' and the interpreter's
+PUBLIC_UNDERSCORE = {"_fields", "_fields_", "_replace", "_asdict", "_make", "_exit", "_getframe"}
+
+
+def private_reach(path: pathlib.Path) -> list[str]:
+    """``x._name`` where ``x`` is not ``self``/``cls`` and ``_name`` is not an
+    attribute this module itself sets on ``self`` (a class of its own)."""
+    tree = ast.parse(path.read_text())
+    own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+           and n.value.id == "self" and isinstance(n.ctx, ast.Store)}
+    own |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    out = []
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+                and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+                and n.attr not in own and n.attr not in PUBLIC_UNDERSCORE):
+            out.append(f"{path.name}:{n.lineno}: {ast.unparse(n)}")
+    return out
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """A module uses another's objects through their public names (the
+    design's rule: Tracker's facts API, the service's locks, procscan's
+    reader), so a private name can change where it is defined."""
+    found = [hit for p in modules().values() for hit in private_reach(p)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_private_name_check_sees_a_reach(tmp_path):
+    p = tmp_path / "probe.py"
+    p.write_text("from pipexctl.discovery import procscan\nx = procscan._hidden(1)\n"
+                 "class C:\n    def __init__(self):\n        self._mine = 1\n\ndef f(c):\n    return c._mine\n")
+    assert private_reach(p) == ["probe.py:2: procscan._hidden"]

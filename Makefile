@@ -9,7 +9,7 @@ DEBIAN ?=
 TEST_DEBIAN = $(if $(DEBIAN),PIPEXCTL_DEBIAN=$(DEBIAN) )
 ONE_DEBIAN = $(or $(DEBIAN),12)
 
-.PHONY: setup demo test test-long test-unit test-kernel deb bench bench-profile churn clean
+.PHONY: setup demo test test-long test-unit test-kernel deb bench bench-profile churn scale clean
 
 setup:
 	@bash scripts/setup.sh
@@ -55,6 +55,15 @@ bench-profile: setup
 CHURN_ARGS ?= --cycles 1000 --kinds lac-disconnect,pppd-kill
 churn: setup
 	$(PY) -m pipexctl.testing.vm --timeout 5400 --keep-results bench/results/churn -- $(PY) -m pipexctl.testing.churn $(CHURN_ARGS)
+
+# SCALE_LACS x SCALE_XL2TPD real calls through one daemon in one guest boot
+# (bench/scalecalls.py): all offloaded with the daemon's fds past 1,024, then
+# all hung up with nothing left; the record goes to bench/results/scale/.
+SCALE_LACS ?= 12
+SCALE_XL2TPD ?= 50
+scale: setup
+	$(PY) -m pipexctl.testing.vm --flavour debian$(ONE_DEBIAN) --memory 8192 --timeout 5400 --keep-results bench/results/scale \
+		-- $(PY) bench/scalecalls.py --lacs $(SCALE_LACS) --sections $(SCALE_XL2TPD)
 
 clean:
 	rm -rf .venv build dist .pytest_cache

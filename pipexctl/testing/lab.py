@@ -119,6 +119,22 @@ class Lab:
             self.lacs.append(inst)
         return self
 
+    def add_lac_beside(self, first: Instance, port: int) -> Instance:
+        """Another LAC xl2tpd in ``first``'s namespace and address, on UDP
+        ``port`` (two LACs behind one NAT address), started; its config is
+        ``first``'s (written by start_all) with its own port and files."""
+        inst = Instance(f"{first.name}-{port}", first.ns, "lac", first.dir.parent / f"{first.name}-{port}",
+                        first.local, peer=first.peer)
+        inst.dir.mkdir()
+        (inst.dir / "options").write_text((first.dir / "options").read_text()
+                                          .replace(f"logfile {first.dir}/", f"logfile {inst.dir}/"))
+        (inst.dir / "xl2tpd.conf").write_text((first.dir / "xl2tpd.conf").read_text()
+                                              .replace("port = 1701", f"port = {port}")
+                                              .replace(f"{first.dir}/options", f"{inst.dir}/options"))
+        self.lacs.append(inst)  # stopped, and its logs kept, with the lab's
+        self.start(inst)
+        return inst
+
     # ---- configuration
     def _global(self, listen: str | None, extra: str = "", kernel_mode: bool | None = None) -> str:
         g = "[global]\nport = 1701\n" + extra

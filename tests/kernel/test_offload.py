@@ -169,6 +169,38 @@ def test_offload_both_sides(lab):
     assert ok, out
 
 
+def test_two_lacs_behind_one_address_each_call_goes_to_its_own_port(lab):
+    """Two LAC xl2tpd on one address, ports 1701 and 1702 (two clients
+    behind one NAT): the LNS log names only the address for a call, the
+    control pipe says which tunnel holds it, and each kernel tunnel sends
+    to its own peer port (the second one went to 1701 and its PPP never
+    came up)."""
+    lab.write_configs("")
+    (lab.lns.dir / "options").write_text((lab.lns.dir / "options").read_text()
+                                         + WITH_PLUGIN.format(sock=lab.serve_socket(lab.lns)))
+    lab.start(lab.lns)
+    l1 = lab.lacs[0]
+    lab.start(l1)
+    l1b = lab.add_lac_beside(l1, 1702)
+    lab.serve(lab.lns)
+    lab.connect(l1)
+    lab.connect(l1b)
+    wait_until(lambda: len(ppp_peer_addrs(lab.lns.ns)) == 2, "both calls up", timeout=60, detail=lab.tails)
+    assert len(ip_l2tp(lab.lns.ns, "session")) == 2
+    for pid in lab.pppds(lab.lns):
+        assert pty_fds(pid) == [], pid
+    socks = " ".join(sh("ip", "netns", "exec", lab.lns.ns, "ss", "-Huan").split())
+    assert "10.99.1.1:1701 10.99.1.2:1701" in socks and "10.99.1.1:1701 10.99.1.2:1702" in socks, socks
+    for addr in ppp_peer_addrs(lab.lns.ns).values():
+        ok, out = ping(lab.lns.ns, addr)
+        assert ok, (addr, out)
+    lab.disconnect(l1b)
+    lab.disconnect(l1)
+    wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [] and not lab.pppds(lab.lns), "both ended", timeout=60,
+               detail=lab.tails)
+    assert lab.serve_status(lab.lns)["tunnels"] == []
+
+
 def test_one_side_offloaded_interoperates_with_plain_xl2tpd(lab):
     lab.write_configs("")
     (lab.lns.dir / "options").write_text((lab.lns.dir / "options").read_text()

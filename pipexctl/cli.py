@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import click
 from pydantic import ValidationError
 
-from . import __version__, errors
+from . import __version__, defaults, errors
 from .kernel.backend import KernelBackend
 from .model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
 from .orchestrator import Orchestrator, _first_error, meta_bytes
@@ -412,7 +412,7 @@ def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+@click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="The daemon's socket.")
 @click.option("--json", "as_json", is_flag=True, help="The daemon's whole status reply.")
 @boundary
@@ -449,7 +449,7 @@ def status(socket_path: str, as_json: bool) -> None:
 @click.option("--serve", "from_serve", is_flag=True,
               help="The numbers of `pipexctl serve` (the same as its --metrics): calls, offloads by outcome "
                    "and reason, reconciles, and the counters of the sessions it offloaded.")
-@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+@click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="The daemon's socket (with --serve).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
@@ -506,7 +506,7 @@ def stat(app: AppContext, tunnel_id, session_id, from_serve: bool, socket_path: 
               help="Also the offload's set-up: the plugin for the running pppd, the daemon, xl2tpd's options "
                    "files and modes (warnings only).")
 @click.option("--xl2tpd-conf", default="/etc/xl2tpd/xl2tpd.conf", show_default=True, help="With --offload.")
-@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+@click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="With --offload: the daemon's socket.")
 @click.option("--json", "as_json", is_flag=True)
 @boundary
@@ -560,7 +560,6 @@ def discovery_options(fn):
 def _discovery(app: "AppContext", logs, controls, no_proc, no_kernel, identifier, follow):
     import os as _os
 
-    from .discovery.control import DEFAULT_PIPE
     from .discovery.discovery import DEFAULT_LOGS, Discovery
 
     if not logs:
@@ -569,8 +568,8 @@ def _discovery(app: "AppContext", logs, controls, no_proc, no_kernel, identifier
         files = [p for p in DEFAULT_LOGS if not p.startswith("journal") and _os.path.exists(p)]
         journal = [p for p in DEFAULT_LOGS if p.startswith("journal")] if _os.path.exists("/run/systemd/journal") else []
         logs = tuple(files[:1] or journal)
-    if not controls and _os.path.exists(DEFAULT_PIPE):
-        controls = (DEFAULT_PIPE,)
+    if not controls and _os.path.exists(defaults.XL2TPD_CONTROL):
+        controls = (defaults.XL2TPD_CONTROL,)
     if not logs and not controls:
         raise errors.PipexError("no xl2tpd log or control pipe found: give --log and/or --control")
     return Discovery(list(logs), list(controls), proc=not no_proc, kernel=not no_kernel, netns=app.netns,
@@ -681,10 +680,10 @@ def _check_listen(ctx, param, value):
 
 @cli.command()
 @discovery_options
-@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+@click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="Unix socket the pppd plugin connects to (0600, in a 0700 directory).")
 @click.option("--wait", default=5.0, show_default=True, help="Seconds to wait for a pppd's call to show in discovery.")
-@click.option("--xl2tpd-port", default=1701, show_default=True, help="UDP port xl2tpd listens on.")
+@click.option("--xl2tpd-port", default=defaults.L2TP_PORT, show_default=True, help="UDP port xl2tpd listens on.")
 @click.option("--reconcile-interval", default=5.0, show_default=True,
               help="Seconds between /proc and kernel checks while calls come and go (at least 30 s while "
                    "nothing happens). Logs are read every second, every 0.2 s while a pppd waits for its call.")
@@ -819,7 +818,7 @@ def _offload_apply(xl2tpd_conf, options_files, want, dry_run, as_json) -> None:
 
 @offload.command("enable")
 @_offload_options
-@click.option("--socket", "socket_path", default="/run/pipexctl/serve.sock", show_default=True,
+@click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="The daemon's socket (pipexctl_socket).")
 @click.option("--required", is_flag=True, help="pppd fails instead of staying on its pty (pipexctl_required).")
 @click.option("--timeout", type=click.IntRange(1, 60), help="Seconds pppd waits for the daemon (pipexctl_timeout).")

@@ -25,9 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .. import errors
-
-DEFAULT_PIPE = "/var/run/xl2tpd/l2tp-control"
+from .. import defaults, errors
 
 
 class ControlError(errors.PipexError):
@@ -182,7 +180,7 @@ def write_request(pipe: str, line: bytes, timeout: float, no_reader: float) -> i
 
 
 class ControlClient:
-    def __init__(self, pipe: str = DEFAULT_PIPE, timeout: float = 2.0) -> None:
+    def __init__(self, pipe: str = defaults.XL2TPD_CONTROL, timeout: float = 2.0) -> None:
         self.pipe, self.timeout = pipe, timeout
 
     def request(self, letter: str, args: str = "") -> Reply:

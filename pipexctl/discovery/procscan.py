@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .control import DEFAULT_PIPE
+from .. import defaults
 
 # errors that say nothing of the process: out of file descriptors or memory
 # here.  Raised, never read as "gone" (that would end a live call)
@@ -35,7 +35,7 @@ class Proc:
     @property
     def control_pipe(self) -> str:
         a = self.argv
-        return a[a.index("-C") + 1] if "-C" in a and a.index("-C") + 1 < len(a) else DEFAULT_PIPE
+        return a[a.index("-C") + 1] if "-C" in a and a.index("-C") + 1 < len(a) else defaults.XL2TPD_CONTROL
 
     @property
     def argv_tunnel_session(self) -> tuple[Optional[int], Optional[int]]:

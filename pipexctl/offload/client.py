@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import socket
 
-from .. import errors
-
-DEFAULT_SOCKET = "/run/pipexctl/serve.sock"
+from .. import defaults, errors
 
 
-def ask(socket_path: str = DEFAULT_SOCKET, request: dict | None = None, timeout: float = 30) -> dict:
+def ask(socket_path: str = defaults.SERVE_SOCKET, request: dict | None = None, timeout: float = 30) -> dict:
     """Send ``request`` (default ``{"op": "status"}``); the reply, or SocketError."""
     request = request or {"op": "status"}
     try:

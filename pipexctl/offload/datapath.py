@@ -29,7 +29,7 @@ import subprocess
 import time
 from typing import Optional, Protocol
 
-from .. import errors, netns as _netns
+from .. import defaults, errors, netns as _netns
 from ..kernel.check import sessions_per_namespace
 from ..kernel.pppol2tp import udp_socket
 from .relay import Relay, key_of
@@ -81,7 +81,7 @@ class KernelDataPath:
     """Tunnel sockets as xl2tpd's kernel mode makes them, the relay, and
     the steering of twins."""
 
-    def __init__(self, l2tp_port: int = 1701, netns: Optional[str] = None,
+    def __init__(self, l2tp_port: int = defaults.L2TP_PORT, netns: Optional[str] = None,
                  steer_twins: Optional[bool] = None) -> None:
         """``steer_twins``: give twins private ports and nft steering; by
         default only where the kernel needs it (before 6.11)."""

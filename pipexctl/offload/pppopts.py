@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import errors
+from .. import defaults, errors
 
 BEGIN = "# BEGIN pipexctl (managed: pipexctl offload; edit the role/module, not these lines)"
 END = "# END pipexctl"
@@ -23,7 +23,7 @@ END = "# END pipexctl"
 _BLOCK = re.compile(r"^# BEGIN pipexctl.*?\n.*?^# END pipexctl[^\n]*\n?", re.M | re.S)
 
 
-def block(plugin: str = "pipexctl.so", socket: str = "/run/pipexctl/serve.sock", required: bool = False,
+def block(plugin: str = "pipexctl.so", socket: str = defaults.SERVE_SOCKET, required: bool = False,
           timeout: Optional[int] = None) -> str:
     """The lines that load the plugin (option names: plugins/pipexctl.c)."""
     for what, v in (("plugin", plugin), ("socket", socket)):

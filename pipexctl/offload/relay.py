@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from .. import netns as _netns
+from .. import defaults, netns as _netns
 
 log = logging.getLogger("pipexctl.serve")
 
@@ -104,7 +104,7 @@ def xl2tpd_address(l2tp_port: int, proc_net_udp: str = "/proc/thread-self/net/ud
 class Relay:
     """Hands what the kernel passes up on tunnel sockets to xl2tpd (one thread)."""
 
-    def __init__(self, l2tp_port: int = 1701, netns: Optional[str] = None) -> None:
+    def __init__(self, l2tp_port: int = defaults.L2TP_PORT, netns: Optional[str] = None) -> None:
         self.l2tp_port, self.netns = l2tp_port, netns
         with _netns.maybe_enter(netns):
             self.out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Optional
 
-from .. import errors
+from .. import defaults, errors
 from ..discovery import procscan
 from ..discovery.discovery import Discovery
 from ..kernel.backend import KernelBackend
@@ -89,7 +89,7 @@ def _ttyname(fd: Optional[int]) -> Optional[str]:
 
 class OffloadServer:
     def __init__(self, socket_path: str, discovery: Discovery, backend: KernelBackend, datapath: DataPath, *,
-                 wait: float = 5.0, xl2tpd_port: int = 1701, log_interval: float = 0.2,
+                 wait: float = 5.0, xl2tpd_port: int = defaults.L2TP_PORT, log_interval: float = 0.2,
                  reconcile_interval: float = 5.0, state_path: Optional[str] = None,
                  teardown_on_exit: bool = False) -> None:
         self.socket_path, self.wait = socket_path, wait

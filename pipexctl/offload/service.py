@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .. import errors
+from .. import defaults, errors
 from ..discovery.state import CallIds, CallInfo
 from ..kernel.backend import KernelBackend, PPPChannel
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
@@ -107,7 +107,7 @@ class TunnelState:
 
 class OffloadService(Endings):
     def __init__(self, watch: CallWatch, backend: KernelBackend, datapath: DataPath, *, state_path: str,
-                 xl2tpd_port: int = 1701, teardown_on_exit: bool = False) -> None:
+                 xl2tpd_port: int = defaults.L2TP_PORT, teardown_on_exit: bool = False) -> None:
         self.watch, self.backend, self.datapath = watch, backend, datapath
         self.orch = Orchestrator(backend)
         self.state_path, self.xl2tpd_port, self.teardown_on_exit = state_path, xl2tpd_port, teardown_on_exit

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import errors
+from .. import defaults, errors
 
 log = logging.getLogger("pipexctl.serve")
 
@@ -47,7 +47,7 @@ class Twin:
         return (self.local, self.private_port)
 
 
-def table(l2tp_port: int = 1701) -> str:
+def table(l2tp_port: int = defaults.L2TP_PORT) -> str:
     """The table without elements (nft syntax; pure)."""
     steer = (f"iif != \"lo\" udp dport {l2tp_port} @th,64,2 {{}} udp dport set ip saddr . udp sport . @th,{{}},16 "
              f"map @{{}} udp checksum set 0 notrack")
@@ -81,7 +81,7 @@ def elements(op: str, twins: list[Twin]) -> str:
 class Steering:
     """Keeps table ``ip pipexctl`` equal to the twins the daemon holds."""
 
-    def __init__(self, nft: "Nft", l2tp_port: int = 1701) -> None:
+    def __init__(self, nft: "Nft", l2tp_port: int = defaults.L2TP_PORT) -> None:
         self.nft, self.l2tp_port = nft, l2tp_port
         self.twins: dict[tuple[str, int], Twin] = {}  # by Twin.key
         self._lock = threading.Lock()

@@ -347,116 +347,130 @@ class Tracker:
             return ev + self.apply(instance, rec, source)
         if rec.pid is not None:
             ins.daemon_pid = rec.pid
-        if isinstance(rec, lp.Started):
-            ins.calling, ins.calling_seen, ins.serial_anchor = [], 0, (0, 0)
-            return []
-        if isinstance(rec, lp.KernelSupport):
-            ins.kernel_mode = rec.kernel
-            return []
-        if isinstance(rec, lp.DaemonExiting):
-            ev = self.all_down(ins, f"xl2tpd exiting (signal {rec.signal})")
-            ins.daemon_pid = None
-            return ev
-        if isinstance(rec, lp.TunnelEstablished):
-            role: Role = "lns" if rec.lns_section is not None else "lac"
-            return self.tunnel_up(ins, TunnelInfo(
-                instance=instance, role=role, section=rec.lns_section, peer=rec.peer, peer_port=rec.port,
-                tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source]))
-        if isinstance(rec, lp.CallingOnTunnel):
-            ins.calling_seen += 1
-            ins.calling = ins.calling[-255:] + [(ins.calling_seen, rec.tunnel_id)]
-            return []
-        if isinstance(rec, lp.PppdArgv):
-            # LNS: the argv precedes its "Call established"; LAC: it follows
-            if ins.last_lac_call is not None and ins.last_lac_call in ins.calls:
-                c = ins.calls[ins.last_lac_call]
-                ins.last_lac_call = None
-                return self.update_call(c, pppd_argv=list(rec.argv), data_path=data_path_from_argv(rec.argv))
-            ins.pending_argv = rec.argv
-            return []
-        if isinstance(rec, lp.CallEstablished):
-            argv = ins.pending_argv
-            ins.pending_argv = None
-            tid = None
-            role = "unknown"
-            if rec.tunnel_id is not None:  # outgoing call ("parameters:"): exact
-                role, tid = "lac", rec.tunnel_id
-                t0 = ins.tunnels.get(tid)
-                rec = lp.CallEstablished(t0.peer if t0 else rec.peer, rec.call_id, rec.peer_call_id, rec.serial,
-                                         rec.pppd_pid, tid, pid=rec.pid, ts=rec.ts)
-            elif rec.pppd_pid is not None:
-                role = "lns"
-                if argv is not None and _argv_int(argv, "pppol2tp_session_id") == rec.call_id:
-                    tid = _argv_int(argv, "pppol2tp_tunnel_id")
-            else:
-                role = "lac"
-                tid = self._lac_call_tunnel(ins, rec.peer, rec.serial)
-                argv = None
-            if tid is None:
-                tid = self._tunnel_for_call(ins, rec.peer)
-            t = ins.tunnels.get(tid) if tid is not None else None
-            old = ins.calls.get(rec.call_id)
-            ev = []
-            # xl2tpd's control pipe may list a call before its line is read:
-            # that line completes the call, it does not reuse its id
-            listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
-                            and old.peer == rec.peer and old.tunnel_id in (None, tid))
-            if old is not None and not listed_first:
-                ev += self.call_down(ins, rec.call_id, "call id reused")
-            c = CallInfo(
-                instance=instance, role=role if t is None else t.role, section=t.section if t else None,
-                peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
-                peer_tunnel_id=t.peer_tunnel_id if t else None, call_id=rec.call_id, peer_call_id=rec.peer_call_id,
-                serial=rec.serial, pppd_pid=rec.pppd_pid, pppd_argv=list(argv) if argv else None,
-                data_path=data_path_from_argv(argv) if argv else ("kernel" if ins.kernel_mode else "unknown"),
-                sources=[source],
-            )
-            if rec.ts:
-                c.since = rec.ts
-            ins.calls[c.call_id] = c
-            if role == "lac":
-                ins.last_lac_call = c.call_id
-            return ev + self._ev(lambda: CallUp(call=c.copy()))
-        if isinstance(rec, lp.StatusTunnel):
-            ins.status_tunnel = rec.tunnel_id
-            return self.tunnel_up(ins, TunnelInfo(
-                instance=instance, section=rec.section, peer=rec.peer, peer_port=rec.port,
-                tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source + ":status"]))
-        if isinstance(rec, lp.StatusCall):
-            tid = ins.status_tunnel
-            t = ins.tunnels.get(tid) if tid is not None else None
-            known = ins.calls.get(rec.call_id)
-            if known is not None:
-                return self.update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
-                                         peer_port=t.peer_port if t else None, section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
-            if t is None:
-                return []
-            c = CallInfo(instance=instance, role=t.role, section=rec.section, peer=t.peer, peer_port=t.peer_port,
-                         tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id, call_id=rec.call_id,
-                         peer_call_id=rec.peer_call_id, serial=rec.serial,
-                         data_path="kernel" if ins.kernel_mode else "unknown", sources=[source + ":status"])
-            ins.calls[c.call_id] = c
-            return self._ev(lambda: CallUp(call=c.copy()))
-        if isinstance(rec, lp.TunnelClosed):
-            tid = rec.tunnel_id
-            if tid is None and rec.peer_tunnel_id is not None:
-                m = [t.tunnel_id for t in ins.tunnels.values()
-                     if t.peer_tunnel_id == rec.peer_tunnel_id and t.peer == rec.peer]
-                tid = m[0] if len(m) == 1 else None
-            return self.tunnel_down(ins, tid, rec.reason) if tid is not None else []
-        if isinstance(rec, lp.MaxRetries):
-            return self.tunnel_down(ins, rec.tunnel_id, "maximum retries exceeded")
-        if isinstance(rec, lp.CallClosed):
-            if rec.call_id is not None:
-                return self.call_down(ins, rec.call_id, rec.reason or "call closed")
-            if rec.peer_call_id is not None:
-                m = [c.call_id for c in ins.calls.values() if c.peer_call_id == rec.peer_call_id]
-                return self.call_down(ins, m[0], rec.reason) if len(m) == 1 else []
-            if rec.serial is not None:
-                m = [c.call_id for c in ins.calls.values() if c.serial == rec.serial and c.peer == rec.peer]
-                return self.call_down(ins, m[0], rec.reason or "call closed") if len(m) == 1 else []
-            return []
+        on = _ON_RECORD.get(type(rec))
         # PppdTerminating and the rest carry nothing the model needs
+        return on(self, ins, instance, rec, source) if on is not None else []
+
+    # ---- one method per record type (_ON_RECORD)
+    def _on_started(self, ins: Instance, instance: str, rec: lp.Started, source: str) -> list[Event]:
+        ins.calling, ins.calling_seen, ins.serial_anchor = [], 0, (0, 0)
+        return []
+
+    def _on_kernel_support(self, ins: Instance, instance: str, rec: lp.KernelSupport, source: str) -> list[Event]:
+        ins.kernel_mode = rec.kernel
+        return []
+
+    def _on_daemon_exiting(self, ins: Instance, instance: str, rec: lp.DaemonExiting, source: str) -> list[Event]:
+        ev = self.all_down(ins, f"xl2tpd exiting (signal {rec.signal})")
+        ins.daemon_pid = None
+        return ev
+
+    def _on_tunnel_established(self, ins: Instance, instance: str, rec: lp.TunnelEstablished, source: str) -> list[Event]:
+        role: Role = "lns" if rec.lns_section is not None else "lac"
+        return self.tunnel_up(ins, TunnelInfo(
+            instance=instance, role=role, section=rec.lns_section, peer=rec.peer, peer_port=rec.port,
+            tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source]))
+
+    def _on_calling_on_tunnel(self, ins: Instance, instance: str, rec: lp.CallingOnTunnel, source: str) -> list[Event]:
+        ins.calling_seen += 1
+        ins.calling = ins.calling[-255:] + [(ins.calling_seen, rec.tunnel_id)]
+        return []
+
+    def _on_pppd_argv(self, ins: Instance, instance: str, rec: lp.PppdArgv, source: str) -> list[Event]:
+        # LNS: the argv precedes its "Call established"; LAC: it follows
+        if ins.last_lac_call is not None and ins.last_lac_call in ins.calls:
+            c = ins.calls[ins.last_lac_call]
+            ins.last_lac_call = None
+            return self.update_call(c, pppd_argv=list(rec.argv), data_path=data_path_from_argv(rec.argv))
+        ins.pending_argv = rec.argv
+        return []
+
+    def _on_call_established(self, ins: Instance, instance: str, rec: lp.CallEstablished, source: str) -> list[Event]:
+        argv = ins.pending_argv
+        ins.pending_argv = None
+        tid = None
+        role: Role = "unknown"
+        if rec.tunnel_id is not None:  # outgoing call ("parameters:"): exact
+            role, tid = "lac", rec.tunnel_id
+            t0 = ins.tunnels.get(tid)
+            rec = lp.CallEstablished(t0.peer if t0 else rec.peer, rec.call_id, rec.peer_call_id, rec.serial,
+                                     rec.pppd_pid, tid, pid=rec.pid, ts=rec.ts)
+        elif rec.pppd_pid is not None:
+            role = "lns"
+            if argv is not None and _argv_int(argv, "pppol2tp_session_id") == rec.call_id:
+                tid = _argv_int(argv, "pppol2tp_tunnel_id")
+        else:
+            role = "lac"
+            tid = self._lac_call_tunnel(ins, rec.peer, rec.serial)
+            argv = None
+        if tid is None:
+            tid = self._tunnel_for_call(ins, rec.peer)
+        t = ins.tunnels.get(tid) if tid is not None else None
+        old = ins.calls.get(rec.call_id)
+        ev = []
+        # xl2tpd's control pipe may list a call before its line is read:
+        # that line completes the call, it does not reuse its id
+        listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
+                        and old.peer == rec.peer and old.tunnel_id in (None, tid))
+        if old is not None and not listed_first:
+            ev += self.call_down(ins, rec.call_id, "call id reused")
+        c = CallInfo(
+            instance=instance, role=role if t is None else t.role, section=t.section if t else None,
+            peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
+            peer_tunnel_id=t.peer_tunnel_id if t else None, call_id=rec.call_id, peer_call_id=rec.peer_call_id,
+            serial=rec.serial, pppd_pid=rec.pppd_pid, pppd_argv=list(argv) if argv else None,
+            data_path=data_path_from_argv(argv) if argv else ("kernel" if ins.kernel_mode else "unknown"),
+            sources=[source],
+        )
+        if rec.ts:
+            c.since = rec.ts
+        ins.calls[c.call_id] = c
+        if role == "lac":
+            ins.last_lac_call = c.call_id
+        return ev + self._ev(lambda: CallUp(call=c.copy()))
+
+    def _on_status_tunnel(self, ins: Instance, instance: str, rec: lp.StatusTunnel, source: str) -> list[Event]:
+        ins.status_tunnel = rec.tunnel_id
+        return self.tunnel_up(ins, TunnelInfo(
+            instance=instance, section=rec.section, peer=rec.peer, peer_port=rec.port,
+            tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source + ":status"]))
+
+    def _on_status_call(self, ins: Instance, instance: str, rec: lp.StatusCall, source: str) -> list[Event]:
+        tid = ins.status_tunnel
+        t = ins.tunnels.get(tid) if tid is not None else None
+        known = ins.calls.get(rec.call_id)
+        if known is not None:
+            return self.update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
+                                     peer_port=t.peer_port if t else None, section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
+        if t is None:
+            return []
+        c = CallInfo(instance=instance, role=t.role, section=rec.section, peer=t.peer, peer_port=t.peer_port,
+                     tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id, call_id=rec.call_id,
+                     peer_call_id=rec.peer_call_id, serial=rec.serial,
+                     data_path="kernel" if ins.kernel_mode else "unknown", sources=[source + ":status"])
+        ins.calls[c.call_id] = c
+        return self._ev(lambda: CallUp(call=c.copy()))
+
+    def _on_tunnel_closed(self, ins: Instance, instance: str, rec: lp.TunnelClosed, source: str) -> list[Event]:
+        tid = rec.tunnel_id
+        if tid is None and rec.peer_tunnel_id is not None:
+            m = [t.tunnel_id for t in ins.tunnels.values()
+                 if t.peer_tunnel_id == rec.peer_tunnel_id and t.peer == rec.peer]
+            tid = m[0] if len(m) == 1 else None
+        return self.tunnel_down(ins, tid, rec.reason) if tid is not None else []
+
+    def _on_max_retries(self, ins: Instance, instance: str, rec: lp.MaxRetries, source: str) -> list[Event]:
+        return self.tunnel_down(ins, rec.tunnel_id, "maximum retries exceeded")
+
+    def _on_call_closed(self, ins: Instance, instance: str, rec: lp.CallClosed, source: str) -> list[Event]:
+        if rec.call_id is not None:
+            return self.call_down(ins, rec.call_id, rec.reason or "call closed")
+        if rec.peer_call_id is not None:
+            m = [c.call_id for c in ins.calls.values() if c.peer_call_id == rec.peer_call_id]
+            return self.call_down(ins, m[0], rec.reason) if len(m) == 1 else []
+        if rec.serial is not None:
+            m = [c.call_id for c in ins.calls.values() if c.serial == rec.serial and c.peer == rec.peer]
+            return self.call_down(ins, m[0], rec.reason or "call closed") if len(m) == 1 else []
         return []
 
     # ---- facts from other sources
@@ -475,3 +489,20 @@ class Tracker:
         if old == "unknown":
             return self._ev(lambda: CallUpdated(call=c.copy(), fields=["data_path"]))
         return self._ev(lambda: DataPathChanged(call=c.copy(), old=old, new=path))
+
+
+# Tracker.apply's dispatch: a record's type -> the method that applies it
+_ON_RECORD: dict[type, Callable[..., list[Event]]] = {
+    lp.Started: Tracker._on_started,
+    lp.KernelSupport: Tracker._on_kernel_support,
+    lp.DaemonExiting: Tracker._on_daemon_exiting,
+    lp.TunnelEstablished: Tracker._on_tunnel_established,
+    lp.CallingOnTunnel: Tracker._on_calling_on_tunnel,
+    lp.PppdArgv: Tracker._on_pppd_argv,
+    lp.CallEstablished: Tracker._on_call_established,
+    lp.StatusTunnel: Tracker._on_status_tunnel,
+    lp.StatusCall: Tracker._on_status_call,
+    lp.TunnelClosed: Tracker._on_tunnel_closed,
+    lp.MaxRetries: Tracker._on_max_retries,
+    lp.CallClosed: Tracker._on_call_closed,
+}

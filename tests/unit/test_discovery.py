@@ -491,3 +491,14 @@ def test_a_forked_child_of_xl2tpd_still_named_xl2tpd_is_no_daemon():
             os.kill(kid, 9)
         except (ProcessLookupError, NameError):
             pass
+
+
+def test_every_record_type_is_applied_or_named_as_carrying_nothing():
+    """Tracker.apply dispatches on the record's type: a new record type in
+    logparse must get a handler or be named here as one the model ignores."""
+    from pipexctl.discovery import state
+
+    ignored = {"Connecting", "Disconnecting", "Listening", "Malformed", "PppdTerminating", "Unparsed"}
+    kinds = {c for c in vars(lp).values() if isinstance(c, type) and issubclass(c, lp.Rec) and c is not lp.Rec}
+    assert {c.__name__ for c in kinds - set(state._ON_RECORD)} == ignored
+    assert all(c.__bases__ == (lp.Rec,) for c in kinds)  # a subclass would miss its parent's handler

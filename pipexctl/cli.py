@@ -5,7 +5,6 @@ Exit codes: 0 ok, 1 operational error (one line on stderr), 2 usage error.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import json
 import sys
@@ -17,7 +16,7 @@ from pydantic import ValidationError
 from . import __version__, defaults, errors
 from .kernel.backend import KernelBackend
 from .model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
-from .orchestrator import Orchestrator, _first_error, meta_bytes
+from .orchestrator import Orchestrator, meta_bytes
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -45,28 +44,26 @@ class AppContext:
             self._orch.backend.close()
 
 
-def boundary(fn):
-    """Library errors become one clear line and an exit code, here only."""
+class Boundary(click.Group):
+    """Library errors become one clear line and an exit code, here only,
+    for every command of the group."""
 
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
+    def invoke(self, ctx: click.Context):
         try:
-            return fn(*a, **kw)
+            return super().invoke(ctx)
         except errors.PipexError as e:
             click.echo(f"pipexctl: error: {e}", err=True)
             sys.exit(e.exit_code)
         except ValidationError as e:
-            click.echo(f"pipexctl: error: {_first_error(e)}", err=True)
+            click.echo(f"pipexctl: error: {errors.first_error(e)}", err=True)
             sys.exit(2)
-
-    return wrapper
 
 
 def _spec(cls, **kw):
     try:
         return cls(**kw)
     except ValidationError as e:
-        raise errors.InvalidArgumentError(_first_error(e)) from None
+        raise errors.InvalidArgumentError(errors.first_error(e)) from None
 
 
 def _endpoint(text: Optional[str], what: str) -> Optional[Endpoint]:
@@ -88,7 +85,7 @@ def _table(rows: list[list[Any]], header: list[str]) -> None:
         click.echo("  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip())
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+@click.group(cls=Boundary, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, "-V", "--version", prog_name="pipexctl")
 @click.option("-n", "--netns", metavar="NAME", help="Work in network namespace NAME (as `ip -n NAME`).")
 @click.pass_context
@@ -151,7 +148,6 @@ def _tunnel_spec(tunnel_id, peer_tunnel_id, l2tp_version, encap, local, remote, 
 @tunnel_options
 @click.option("--json", "as_json", is_flag=True, help="Print the created tunnel as JSON.")
 @click.pass_obj
-@boundary
 def addtun(app: AppContext, as_json: bool, **kw) -> None:
     """Create an unmanaged kernel tunnel (the kernel opens its own socket).
 
@@ -169,7 +165,6 @@ def addtun(app: AppContext, as_json: bool, **kw) -> None:
 @cli.command()
 @click.option("--tunnel-id", type=id_type, required=True, help="The tunnel to delete (and all its sessions).")
 @click.pass_obj
-@boundary
 def deltun(app: AppContext, tunnel_id: int) -> None:
     """Delete a tunnel and every session in it.
 
@@ -185,7 +180,6 @@ def deltun(app: AppContext, tunnel_id: int) -> None:
 @click.option("--tunnel-id", type=id_type, help="Only this tunnel.")
 @click.option("--json", "as_json", is_flag=True, help="JSON, one array (like `ip -j`).")
 @click.pass_obj
-@boundary
 def showtun(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
     """List kernel tunnels.
 
@@ -259,7 +253,6 @@ def _ip_arg(value: str, name: str) -> str:
 @click.option("--fd-to", type=click.Path(dir_okay=False), help="PPP: connect a PPPoL2TP socket and hand its fd to this unix socket (SCM_RIGHTS).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-@boundary
 def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_session_id, local, remote, encap,
             l2tp_version, pw, ifname, cookie, peer_cookie, l2spec, seq, lns_mode, udp_csum, fd_to, as_json) -> None:
     """Create a kernel session (and its tunnel when missing).
@@ -372,7 +365,6 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
 @click.option("--session-id", type=id_type, required=True)
 @click.option("--tunnel-too", is_flag=True, help="Also delete the tunnel once it has no session left.")
 @click.pass_obj
-@boundary
 def delsess(app: AppContext, proto, tunnel_id: int, session_id: int, tunnel_too: bool) -> None:
     """Delete a kernel session.
 
@@ -396,7 +388,6 @@ def _session_rows(sessions):
 @click.option("--tunnel-id", type=id_type, help="Only sessions of this tunnel.")
 @click.option("--json", "as_json", is_flag=True, help="JSON, one array (like `ip -j`).")
 @click.pass_obj
-@boundary
 def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
     """List kernel sessions.
 
@@ -415,7 +406,6 @@ def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
 @click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="The daemon's socket.")
 @click.option("--json", "as_json", is_flag=True, help="The daemon's whole status reply.")
-@boundary
 def status(socket_path: str, as_json: bool) -> None:
     """Overview of `pipexctl serve`: xl2tpd instances, every call and its data path.
 
@@ -453,7 +443,6 @@ def status(socket_path: str, as_json: bool) -> None:
               help="The daemon's socket (with --serve).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-@boundary
 def stat(app: AppContext, tunnel_id, session_id, from_serve: bool, socket_path: str, as_json: bool) -> None:
     """Per-session counters (netlink SESSION_GET statistics).
 
@@ -509,7 +498,6 @@ def stat(app: AppContext, tunnel_id, session_id, from_serve: bool, socket_path: 
 @click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="With --offload: the daemon's socket.")
 @click.option("--json", "as_json", is_flag=True)
-@boundary
 def check(offload_setup: bool, xl2tpd_conf: str, socket_path: str, as_json: bool) -> None:
     """Report kernel support: modules, genl family, PPPoL2TP, /dev/ppp, nftables.
 
@@ -587,7 +575,6 @@ def _age(since: float) -> str:
 @discovery_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: tunnels, calls, stats.")
 @click.pass_obj
-@boundary
 def discover(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_json) -> None:
     """List every tunnel and call of running xl2tpd instances.
 
@@ -627,7 +614,6 @@ def discover(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as
 @click.option("--json", "as_json", is_flag=True, help="Newline-delimited JSON, one object per event.")
 @click.option("--duration", type=float, help="Stop after this many seconds.")
 @click.pass_obj
-@boundary
 def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_json, duration) -> None:
     """Follow xl2tpd: print each tunnel/call event once, in order.
 
@@ -698,7 +684,6 @@ def _check_listen(ctx, param, value):
               help="Per-session counter series at most; the rest are summed.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each offload and removal to stderr.")
 @click.pass_obj
-@boundary
 def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socket_path, wait, xl2tpd_port,
           reconcile_interval, state_path, teardown_on_exit, metrics_listen, metrics_max_sessions, verbose) -> None:
     """Offload userspace-mode xl2tpd calls: hand pppd a kernel channel.
@@ -822,7 +807,6 @@ def _offload_apply(xl2tpd_conf, options_files, want, dry_run, as_json) -> None:
               help="The daemon's socket (pipexctl_socket).")
 @click.option("--required", is_flag=True, help="pppd fails instead of staying on its pty (pipexctl_required).")
 @click.option("--timeout", type=click.IntRange(1, 60), help="Seconds pppd waits for the daemon (pipexctl_timeout).")
-@boundary
 def offload_enable(xl2tpd_conf, options_files, dry_run, as_json, socket_path, required, timeout) -> None:
     """Add (or update) the plugin block.
 
@@ -841,7 +825,6 @@ def offload_enable(xl2tpd_conf, options_files, dry_run, as_json, socket_path, re
 
 @offload.command("disable")
 @_offload_options
-@boundary
 def offload_disable(xl2tpd_conf, options_files, dry_run, as_json) -> None:
     """Remove the plugin block: the next calls stay on their ptys.
 

@@ -98,6 +98,17 @@ def from_errno(code: int, what: str, action: str) -> PipexError:
     return KernelError(f"cannot {action} {what}: {_errno.errorcode.get(code, code)} ({_os_strerror(code)})", errno=code)
 
 
+def first_error(e: Exception) -> str:
+    """The first message of a pydantic ValidationError (any other error: its text)."""
+    errs = getattr(e, "errors", None)
+    if callable(errs):
+        items = errs()
+        if items:
+            msg = str(items[0].get("msg", e))
+            return msg.removeprefix("Value error, ")
+    return str(e)
+
+
 def _os_strerror(code: int) -> str:
     import os
 

@@ -1,14 +1,18 @@
-"""Atomic replacement of a file in a private directory (the state file, the
-discovery checkpoint): a crash leaves the old file or the new, never a torn one."""
+"""Atomic replacement of a file (the state file, the discovery checkpoint,
+pppd's options files): a crash leaves the old file or the new, never a torn one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Temp file beside ``path`` (O_EXCL|O_NOFOLLOW, mode 0600), written
-    whole, fsync, rename over ``path``, fsync the directory."""
+def atomic_write(path: str, data: bytes, mode: int = 0o600, keep_owner: bool = False) -> None:
+    """Temp file beside ``path`` (O_EXCL|O_NOFOLLOW), written whole, fsync,
+    rename over ``path``, fsync the directory.  The new file has ``mode``;
+    with ``keep_owner`` an existing file's mode and owner carry over (an
+    operator's pppd options file).  A failure leaves ``path`` as it was and
+    no temp file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         os.unlink(tmp)  # a crash's leftover (unlink removes a symlink itself, never its target)
@@ -16,13 +20,22 @@ def atomic_write(path: str, data: bytes) -> None:
         pass
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            st = os.stat(path) if keep_owner and os.path.exists(path) else None
+            if st is not None:
+                os.fchown(fd, st.st_uid, st.st_gid)
+            os.fchmod(fd, (st.st_mode & 0o7777) if st is not None else mode)  # exact, whatever the umask
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)

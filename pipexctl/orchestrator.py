@@ -159,7 +159,7 @@ class Orchestrator:
                 try:
                     session = SessionSpec(**{**session.model_dump(), "version": kt.version})
                 except ValueError as e:
-                    raise errors.InvalidArgumentError(_first_error(e)) from None
+                    raise errors.InvalidArgumentError(errors.first_error(e)) from None
             tx.create_session(session)
             ks = self.backend.session_get(session.tunnel_id, session.session_id)
             channel_index = None
@@ -260,16 +260,6 @@ def _meta(t: Tunnel, s: Session, channel: int) -> dict:
 
 def meta_bytes(meta: dict) -> bytes:
     return json.dumps(meta, sort_keys=True).encode()
-
-
-def _first_error(e: Exception) -> str:
-    errs = getattr(e, "errors", None)
-    if callable(errs):
-        items = errs()
-        if items:
-            msg = str(items[0].get("msg", e))
-            return msg.removeprefix("Value error, ")
-    return str(e)
 
 
 __all__ = ["Orchestrator", "AddSessionResult", "Transaction"]

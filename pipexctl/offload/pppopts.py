@@ -9,13 +9,12 @@ hand use the same functions).
 
 from __future__ import annotations
 
-import os
+import errno
 import re
-import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import defaults, errors
+from .. import defaults, errors, files
 
 BEGIN = "# BEGIN pipexctl (managed: pipexctl offload; edit the role/module, not these lines)"
 END = "# END pipexctl"
@@ -103,7 +102,7 @@ def manage(files: list[str], want: Optional[str], write: bool = True) -> list[Ch
     All files are read and checked before any is written: a refused file
     (it loads a plugin outside the block, or the block is damaged) leaves
     every file as it was.  Writes keep each file's mode and owner and are
-    atomic (temp file in the same directory, fsync, rename)."""
+    atomic (files.atomic_write)."""
     changes = []
     for path in files:
         try:
@@ -126,21 +125,9 @@ def manage(files: list[str], want: Optional[str], write: bool = True) -> list[Ch
 
 
 def _write(path: str, text: str) -> None:
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".pipexctl-")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.exists(path):
-            st = os.stat(path)
-            os.chmod(tmp, st.st_mode & 0o7777)
-            os.chown(tmp, st.st_uid, st.st_gid)
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        files.atomic_write(path, text.encode(), mode=0o644, keep_owner=True)
+    except OSError as e:
+        denied = e.errno in (errno.EACCES, errno.EPERM)
+        raise (errors.PermissionDeniedError if denied else errors.InvalidArgumentError)(
+            f"cannot write {path}: {e.strerror}") from None

@@ -91,6 +91,25 @@ def test_operational_errors_exit_1(run):
     assert r.exit_code == 1 and "tunnel 9 does not exist" in r.output
 
 
+def test_every_command_turns_a_library_error_into_one_line(run, tmp_path):
+    """The group's one handler covers subcommands too: `offload enable` on
+    a file it cannot write (it ended in a traceback when each command
+    carried its own handler and this one had none)."""
+    r = run("offload", "enable", "--options", str(tmp_path / "missing-dir" / "options"))
+    assert r.exit_code == 2 and r.output.strip() == (
+        f"pipexctl: error: cannot write {tmp_path}/missing-dir/options: No such file or directory")
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_an_options_file_keeps_its_mode_and_owner(run, tmp_path):
+    f = tmp_path / "options.l2tpd.lns"
+    f.write_text("noccp\n")
+    f.chmod(0o640)
+    assert run("offload", "enable", "--options", str(f)).exit_code == 0
+    assert "plugin pipexctl.so" in f.read_text() and (f.stat().st_mode & 0o7777) == 0o640
+    assert [x.name for x in tmp_path.iterdir()] == [f.name]  # no temp file left
+
+
 def test_click_usage_errors_exit_2(run):
     r = run("delsess", "--tunnel-id", "1")
     assert r.exit_code == 2 and "Missing option '--session-id'" in r.output

@@ -41,7 +41,7 @@ class KernelBackend(Protocol):
     def close(self) -> None: ...
 
 
-class NetlinkBackend:
+class NetlinkBackend(KernelBackend):
     """The real kernel, through the "l2tp" generic-netlink family.
 
     ``netns``: the name of a network namespace (as ``ip netns``) to work in;
@@ -153,7 +153,7 @@ class _NullChannel:
                 self.backend._sessions.pop(key, None)
 
 
-class NullBackend:
+class NullBackend(KernelBackend):
     """In-memory kernel stand-in for unit tests (kernel error semantics)."""
 
     def __init__(self, fail_on: Optional[dict[str, int]] = None) -> None:

@@ -105,10 +105,18 @@ def run(n_lacs: int, sections: int, timeout: float) -> dict:
             tr = time.monotonic()
             for lac in column:
                 lab.control(lac, "c lns")
-            for lac in column:
-                lab.wait_log(lac, "Call established", timeout=120)
+            try:
+                for lac in column:
+                    lab.wait_log(lac, "Call established", timeout=120)
+            except TimeoutError as e:
+                # the rest is measured at the load reached; xl2tpd's own log says why
+                out["dial_stopped"] = {"round": r, "why": str(e)[-600:]}
+                checks["every round dialled"] = False
+                say(f"round {r}: a call was not established by its LAC xl2tpd; measuring at this load")
+                break
             rounds.append(round(time.monotonic() - tr, 2))
             say(f"round {r}: {r * n_lacs} calls established by the LACs, {pppol2tp_sessions(lab.lns.ns)} offloaded")
+        n = len(rounds) * n_lacs  # the calls of the rounds whose every call came up
         out["dial_rounds_seconds"] = {"n": len(rounds), "mean": round(sum(rounds) / len(rounds), 2),
                                       "max": max(rounds)}
         end, last, moved = t0 + timeout, None, time.monotonic()
@@ -136,7 +144,9 @@ def run(n_lacs: int, sections: int, timeout: float) -> dict:
         pings = [subprocess.run(["ip", "netns", "exec", lab.lns.ns, "ping", "-c", "1", "-W", "5", a],
                                 capture_output=True).returncode == 0 for a in sample]
         out["ping_sample"] = f"{sum(pings)}/{len(pings)}"
-        checks["every call offloaded"] = out["links_up"] == n == out["pppol2tp_sessions"] == out["objects"]["sessions"]
+        out["calls_of_full_rounds"] = n
+        checks["every call offloaded"] = out["links_up"] >= n and out["links_up"] == out["pppol2tp_sessions"] \
+            == out["objects"]["sessions"]
         checks["no call on a pty"] = out["pppds_on_pty"] == 0
         checks["daemon fds past 1024"] = out["daemon_at_full_load"]["highest_fd"] > 1024
         checks["ping through the sample"] = all(pings)
@@ -151,6 +161,9 @@ def run(n_lacs: int, sections: int, timeout: float) -> dict:
             time.sleep(2)
         out["hangup_seconds"] = round(time.monotonic() - th, 1)
         time.sleep(5)  # the daemon's last removals and fd closes after the kernel objects went
+        xlog = lab.lns.log.read_text(errors="replace")
+        out["lns_xl2tpd"] = {k: xlog.count(k) for k in ("Maximum retries exceeded", "udp_xmit failed",
+                                                          "Call established")}
         out["objects_after"] = kernel_objects(lab.lns.ns)
         out["daemon_after"] = proc_facts(pid)
         st = lab.serve_status(lab.lns)

@@ -546,18 +546,11 @@ def discovery_options(fn):
 
 
 def _discovery(app: "AppContext", logs, controls, no_proc, no_kernel, identifier, follow):
-    import os as _os
+    from .discovery.discovery import Discovery, default_sources
 
-    from .discovery.discovery import DEFAULT_LOGS, Discovery
-
-    if not logs:
-        # one source per xl2tpd: Debian's rsyslog writes daemon.* to syslog and
-        # daemon.log both, and the journal holds the same lines again
-        files = [p for p in DEFAULT_LOGS if not p.startswith("journal") and _os.path.exists(p)]
-        journal = [p for p in DEFAULT_LOGS if p.startswith("journal")] if _os.path.exists("/run/systemd/journal") else []
-        logs = tuple(files[:1] or journal)
-    if not controls and _os.path.exists(defaults.XL2TPD_CONTROL):
-        controls = (defaults.XL2TPD_CONTROL,)
+    found_logs, found_controls = default_sources()
+    logs = logs or tuple(found_logs)
+    controls = controls or tuple(found_controls)
     if not logs and not controls:
         raise errors.PipexError("no xl2tpd log or control pipe found: give --log and/or --control")
     return Discovery(list(logs), list(controls), proc=not no_proc, kernel=not no_kernel, netns=app.netns,

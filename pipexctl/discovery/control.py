@@ -227,8 +227,7 @@ class ControlClient:
                 chunk = os.read(fd, 65536)
             except BlockingIOError:
                 # select saw no writer (EOF), then xl2tpd opened the FIFO and
-                # has not written yet: wait for its data (seen under load:
-                # EAGAIN failed an offload request)
+                # has not written yet: its data follows, EAGAIN is no error
                 continue
             if chunk:
                 data += chunk

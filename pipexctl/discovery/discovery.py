@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional, Protocol, Union
 
 from pydantic import ValidationError
 
-from .. import errors
+from .. import defaults, errors
 from . import checkpoint as cpt, logparse as lp, procscan
 from .control import ControlClient, ControlError
 from .state import CallDown, CallInfo, CallUp, Event, Tracker, TunnelDown, TunnelInfo, TunnelUp
@@ -30,6 +30,16 @@ if TYPE_CHECKING:
     from ..kernel.backend import NetlinkBackend
 
 DEFAULT_LOGS = ["/var/log/syslog", "/var/log/daemon.log", "journal:xl2tpd"]
+
+
+def default_sources() -> tuple[list[str], list[str]]:
+    """The logs and control pipes of a Debian xl2tpd, when none are named:
+    one log (rsyslog writes daemon.* to syslog and daemon.log both, and the
+    journal holds the same lines again), and the control pipe if it exists."""
+    files = [p for p in DEFAULT_LOGS if not p.startswith("journal") and os.path.exists(p)]
+    journal = [p for p in DEFAULT_LOGS if p.startswith("journal")] if os.path.exists("/run/systemd/journal") else []
+    controls = [defaults.XL2TPD_CONTROL] if os.path.exists(defaults.XL2TPD_CONTROL) else []
+    return (files[:1] or journal), controls
 
 
 class LogReader(Protocol):
@@ -742,4 +752,4 @@ def _matches(p: procscan.Proc, c) -> bool:
     return False
 
 
-__all__ = ["Discovery", "Snapshot", "DEFAULT_LOGS", "CallDown", "TunnelDown"]
+__all__ = ["Discovery", "Snapshot", "DEFAULT_LOGS", "default_sources", "CallDown", "TunnelDown"]

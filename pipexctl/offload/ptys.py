@@ -2,8 +2,8 @@
 
 xl2tpd (userspace mode) keeps the master end of each call's pty and
 select()s on it.  If no process held the slave end, every read would return
-EIO at once and xl2tpd would spin at 100 % CPU (measured: 97 % of a vCPU
-per offloaded side).  So the daemon holds the slave until the call ends; raw
+EIO at once and xl2tpd would spin on it, a whole CPU per offloaded side
+(test_offload checks that xl2tpd stays idle).  So the daemon holds the slave until the call ends; raw
 mode stops the line discipline from echoing what xl2tpd writes, and a
 thread reads and drops it so xl2tpd never blocks on a full pty.
 

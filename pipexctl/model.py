@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -197,7 +197,7 @@ class SessionSpec(BaseModel):
 
     @field_validator("cookie", "peer_cookie", mode="before")
     @classmethod
-    def _cookie(cls, v):
+    def _cookie(cls, v: Any) -> Any:
         if isinstance(v, str):
             try:
                 v = bytes.fromhex(v)

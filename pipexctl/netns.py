@@ -13,6 +13,7 @@ import ctypes.util
 import os
 import subprocess
 import uuid
+from typing import Any, Iterator
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -25,7 +26,7 @@ def _setns(fd: int) -> None:
 
 
 @contextlib.contextmanager
-def enter(name: str):
+def enter(name: str) -> Iterator[None]:
     """Run the body in network namespace ``name`` (calling thread only)."""
     here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
@@ -44,12 +45,12 @@ def enter(name: str):
         os.close(target)
 
 
-def maybe_enter(name: str | None):
+def maybe_enter(name: str | None) -> contextlib.AbstractContextManager[None]:
     """``enter(name)``, or nothing to do for None (this namespace)."""
     return enter(name) if name else contextlib.nullcontext()
 
 
-def run(cmd: list[str], ns: str | None = None, check: bool = True, **kw) -> subprocess.CompletedProcess:
+def run(cmd: list[str], ns: str | None = None, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
     argv = (["ip", "netns", "exec", ns] if ns else []) + cmd
     return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)
 
@@ -66,7 +67,9 @@ class Pair:
         self.mtu = mtu
 
     def up(self) -> "Pair":
-        sh = lambda *c: subprocess.run(list(c), check=True, capture_output=True, text=True)  # noqa: E731
+        def sh(*c: str) -> None:
+            subprocess.run(list(c), check=True, capture_output=True, text=True)
+
         sh("ip", "netns", "add", self.a)
         sh("ip", "netns", "add", self.b)
         sh("ip", "link", "add", "va", "netns", self.a, "mtu", str(self.mtu), "type", "veth",
@@ -85,5 +88,5 @@ class Pair:
     def __enter__(self) -> "Pair":
         return self.up()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.down()

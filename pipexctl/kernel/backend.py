@@ -10,11 +10,15 @@ tests.
 
 from __future__ import annotations
 
+import contextlib
 import errno
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from .. import errors
 from ..model import Session, SessionSpec, Stats, Tunnel, TunnelSpec
+
+if TYPE_CHECKING:  # imported when a backend opens: pyroute2 costs memory a NullBackend user need not pay
+    from .netlink import L2tpNetlink
 
 
 class PPPChannel(Protocol):
@@ -33,7 +37,7 @@ class KernelBackend(Protocol):
     def tunnel_dump(self) -> list[Tunnel]: ...
     def session_create(self, spec: SessionSpec) -> None: ...
     def session_delete(self, tunnel_id: int, session_id: int) -> None: ...
-    def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None: ...
+    def session_modify(self, tunnel_id: int, session_id: int, **kw: Any) -> None: ...
     def session_get(self, tunnel_id: int, session_id: int) -> Session: ...
     def session_dump(self) -> list[Session]: ...
     def session_ids(self) -> set[tuple[int, int]]: ...
@@ -58,53 +62,51 @@ class NetlinkBackend(KernelBackend):
         with self._in_ns():
             self.nl: Optional[L2tpNetlink] = L2tpNetlink()
 
-    def _in_ns(self):
-        import contextlib
-
+    def _in_ns(self) -> contextlib.AbstractContextManager[None]:
         if self.netns is None:
             return contextlib.nullcontext()
         from .. import netns as _netns
 
         return _netns.enter(self.netns)
 
-    def _call(self, name: str, *args, **kw):
-        nl = self.__dict__.get("nl")
+    def _nl(self, action: str) -> "L2tpNetlink":
+        nl: Optional["L2tpNetlink"] = getattr(self, "nl", None)  # None: closed, or never opened
         if nl is None:
-            raise errors.KernelError(f"cannot {name.replace('_', ' ')}: the netlink backend is closed")
-        return getattr(nl, name)(*args, **kw)
+            raise errors.KernelError(f"cannot {action}: the netlink backend is closed")
+        return nl
 
     def tunnel_create(self, spec: TunnelSpec) -> None:
-        self._call("tunnel_create", spec)
+        self._nl("tunnel create").tunnel_create(spec)
 
     def tunnel_delete(self, tunnel_id: int) -> None:
-        self._call("tunnel_delete", tunnel_id)
+        self._nl("tunnel delete").tunnel_delete(tunnel_id)
 
     def tunnel_modify(self, tunnel_id: int, debug: Optional[int] = None) -> None:
-        self._call("tunnel_modify", tunnel_id, debug)
+        self._nl("tunnel modify").tunnel_modify(tunnel_id, debug)
 
     def tunnel_get(self, tunnel_id: int) -> Tunnel:
-        return self._call("tunnel_get", tunnel_id)
+        return self._nl("tunnel get").tunnel_get(tunnel_id)
 
     def tunnel_dump(self) -> list[Tunnel]:
-        return self._call("tunnel_dump")
+        return self._nl("tunnel dump").tunnel_dump()
 
     def session_create(self, spec: SessionSpec) -> None:
-        self._call("session_create", spec)
+        self._nl("session create").session_create(spec)
 
     def session_delete(self, tunnel_id: int, session_id: int) -> None:
-        self._call("session_delete", tunnel_id, session_id)
+        self._nl("session delete").session_delete(tunnel_id, session_id)
 
-    def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None:
-        self._call("session_modify", tunnel_id, session_id, **kw)
+    def session_modify(self, tunnel_id: int, session_id: int, **kw: Any) -> None:
+        self._nl("session modify").session_modify(tunnel_id, session_id, **kw)
 
     def session_get(self, tunnel_id: int, session_id: int) -> Session:
-        return self._call("session_get", tunnel_id, session_id)
+        return self._nl("session get").session_get(tunnel_id, session_id)
 
     def session_dump(self) -> list[Session]:
-        return self._call("session_dump")
+        return self._nl("session dump").session_dump()
 
     def session_ids(self) -> set[tuple[int, int]]:
-        return self._call("session_ids")
+        return self._nl("session ids").session_ids()
 
     def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
         from .pppol2tp import PPPoL2TPSocket
@@ -223,7 +225,7 @@ class NullBackend(KernelBackend):
         if self._sessions.pop((tunnel_id, session_id), None) is None:
             raise errors.from_errno(errno.ENODEV, what, "delete")
 
-    def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None:
+    def session_modify(self, tunnel_id: int, session_id: int, **kw: Any) -> None:
         s = self.session_get(tunnel_id, session_id)
         self._sessions[(tunnel_id, session_id)] = s.model_copy(update={k: v for k, v in kw.items() if v is not None})
 

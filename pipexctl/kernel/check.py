@@ -114,5 +114,5 @@ def run_checks() -> list[Check]:
     return checks
 
 
-def as_dicts(checks: list[Check]) -> list[dict]:
+def as_dicts(checks: list[Check]) -> list[dict[str, object]]:
     return [asdict(c) for c in checks]

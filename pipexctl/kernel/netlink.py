@@ -27,7 +27,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Iterable
+from typing import Any, Callable, Iterable, Optional
 
 
 def _pyroute2_without_its_init() -> None:
@@ -51,7 +51,7 @@ def _pyroute2_without_its_init() -> None:
     lock = threading.RLock()
     ran: list[bool] = []
 
-    def __getattr__(name: str):
+    def __getattr__(name: str) -> Any:
         try:
             sub = importlib.util.find_spec(f"pyroute2.{name}")
         except (ImportError, ValueError):
@@ -103,7 +103,7 @@ NLA_HDR = struct.Struct("=HH")  # struct nlattr: len, type
 U32 = struct.Struct("=I")
 
 
-class l2tpmsg(genlmsg):
+class l2tpmsg(genlmsg):  # type: ignore[misc]  # pyroute2 ships no types
     """A message of the "l2tp" family; types as in linux/l2tp.h."""
 
     prefix = "L2TP_ATTR_"
@@ -146,7 +146,7 @@ class l2tpmsg(genlmsg):
         (uapi.L2TP_ATTR_PAD, "L2TP_ATTR_PAD", "none"),
     )
 
-    class l2tp_stats(nla):
+    class l2tp_stats(nla):  # type: ignore[misc]
         nla_flags = NLA_F_NESTED
         nla_map = (
             (uapi.L2TP_ATTR_STATS_NONE, "L2TP_ATTR_STATS_NONE", "none"),
@@ -244,7 +244,8 @@ def build_session_create(spec: SessionSpec) -> l2tpmsg:
     return _msg(uapi.L2TP_CMD_SESSION_CREATE, a)
 
 
-def _session_flags(recv_seq, send_seq, lns_mode, recv_timeout_ms) -> list[tuple[str, object]]:
+def _session_flags(recv_seq: Optional[bool], send_seq: Optional[bool], lns_mode: Optional[bool],
+                   recv_timeout_ms: Optional[int]) -> list[tuple[str, object]]:
     a: list[tuple[str, object]] = []
     if recv_seq is not None:
         a.append(("L2TP_ATTR_RECV_SEQ", int(recv_seq)))
@@ -291,7 +292,7 @@ def build_session_get(tunnel_id: int | None = None, session_id: int | None = Non
 # Replies -> model
 
 
-def _stats(msg) -> Stats:
+def _stats(msg: Any) -> Stats:
     st = msg.get_attr("L2TP_ATTR_STATS")
     if st is None:
         return Stats()
@@ -303,7 +304,7 @@ def _stats(msg) -> Stats:
     return Stats(**values)
 
 
-def parse_tunnel(msg) -> Tunnel:
+def parse_tunnel(msg: Any) -> Tunnel:
     g = msg.get_attr
     encap = Encap.from_kernel(g("L2TP_ATTR_ENCAP_TYPE") or 0)
     local = remote = None
@@ -328,7 +329,7 @@ def parse_tunnel(msg) -> Tunnel:
     )
 
 
-def parse_session(msg) -> Session:
+def parse_session(msg: Any) -> Session:
     g = msg.get_attr
     return Session(
         tunnel_id=g("L2TP_ATTR_CONN_ID"),
@@ -349,7 +350,7 @@ def parse_session(msg) -> Session:
     )
 
 
-def _ids(data: bytes, off: int, length: int) -> tuple:
+def _ids(data: bytes, off: int, length: int) -> tuple[Optional[int], Optional[int]]:
     """CONN_ID and SESSION_ID of one answer, read from its top-level
     attributes (after struct nlmsghdr and struct genlmsghdr)."""
     tid = sid = None
@@ -411,9 +412,10 @@ class L2tpNetlink:
                     if name == uapi.L2TP_GENL_NAME else f"generic-netlink family {name!r} not found"
                 ) from None
             raise errors.from_errno(e.code, f"generic-netlink family {name!r}", "resolve") from None
-        return reply.get_attr("CTRL_ATTR_FAMILY_ID")
+        family: int = reply.get_attr("CTRL_ATTR_FAMILY_ID")
+        return family
 
-    def _exchange(self, msg, msg_type: int, flags: int, cls=None) -> list:
+    def _exchange(self, msg: Any, msg_type: int, flags: int, cls: Any = None) -> list[Any]:
         """Send ``msg``; return the replies of its sequence number, decoded
         as ``cls`` (a message class), or what ``cls(data, offset, length)``
         makes of each raw reply.  Ends at the ack (requests) or NLMSG_DONE
@@ -443,8 +445,8 @@ class L2tpNetlink:
             self._sock.settimeout(None)
             self._unfinished = 0
 
-    def _answers(self, seq: int, cls) -> list:
-        out: list = []
+    def _answers(self, seq: int, cls: Any) -> list[Any]:
+        out: list[Any] = []
         while True:
             n = self._sock.recv_into(self._buf, 0, socket.MSG_TRUNC)
             if n > len(self._buf):
@@ -476,10 +478,10 @@ class L2tpNetlink:
     def __enter__(self) -> "L2tpNetlink":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, msg: l2tpmsg, flags: int, what: str, action: str, cls=None) -> list:
+    def _request(self, msg: l2tpmsg, flags: int, what: str, action: str, cls: Any = None) -> list[Any]:
         # every request asks for an ack, so that a GET's end is known too
         with self._lock:
             try:
@@ -498,7 +500,7 @@ class L2tpNetlink:
         self._request(build_tunnel_delete(tunnel_id), NLM_F_REQUEST | NLM_F_ACK, f"tunnel {tunnel_id}", "delete")
         self._wait_gone(lambda: self.tunnel_get(tunnel_id))
 
-    def _wait_gone(self, get) -> None:
+    def _wait_gone(self, get: Callable[[], object]) -> None:
         """Return once ``get`` says not found, or after 5 s.  The kernel
         answers a delete before it has taken the object out of its tables:
         6.12 does that in deferred work, 6.1 too for a tunnel (its sessions
@@ -562,7 +564,7 @@ class L2tpNetlink:
         )
         self._wait_gone(lambda: self.session_get(tunnel_id, session_id))
 
-    def session_modify(self, tunnel_id: int, session_id: int, **kw) -> None:
+    def session_modify(self, tunnel_id: int, session_id: int, **kw: Any) -> None:
         self._request(
             build_session_modify(tunnel_id, session_id, **kw),
             NLM_F_REQUEST | NLM_F_ACK,

@@ -94,7 +94,7 @@ class pppol2tpv3in6_addr(ctypes.Structure):
     ]
 
 
-def _sockaddr(inner):
+def _sockaddr(inner: type[ctypes.Structure]) -> type[ctypes.Structure]:
     class _S(ctypes.Structure):
         _pack_ = 1  # __attribute__((packed))
         _fields_ = [("sa_family", ctypes.c_uint16), ("sa_protocol", ctypes.c_uint), ("pppol2tp", inner)]
@@ -135,7 +135,7 @@ def build_sockaddr(
     fd: int = -1,
     peer: Optional[tuple[str, int]] = None,
     family: int = 4,
-):
+) -> ctypes.Structure:
     """The sockaddr for ``connect(2)``; its size tells the kernel the variant."""
     if peer is not None:
         family = ipaddress.ip_address(peer[0]).version
@@ -231,7 +231,8 @@ class PPPoL2TPSocket:
     def channel(self) -> int:
         """The PPP channel index (PPPIOCGCHAN), for /dev/ppp PPPIOCATTCHAN."""
         buf = fcntl.ioctl(self.fileno(), uapi.PPPIOCGCHAN, struct.pack("i", 0))
-        return struct.unpack("i", buf)[0]
+        index: int = struct.unpack("i", buf)[0]
+        return index
 
     def stats(self) -> Stats:
         """Per-session counters (PPPIOCGL2TPSTATS)."""
@@ -258,7 +259,7 @@ class PPPoL2TPSocket:
     def __enter__(self) -> "PPPoL2TPSocket":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -411,9 +411,13 @@ class Tracker:
         # xl2tpd's control pipe may list a call before its line is read:
         # that line completes the call, it does not reuse its id
         listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
-                        and old.peer == rec.peer and old.tunnel_id in (None, tid))
+                        and old.peer == rec.peer and (tid is None or old.tunnel_id in (None, tid)))
         if old is not None and not listed_first:
             ev += self.call_down(ins, rec.call_id, "call id reused")
+        elif old is not None and tid is None and old.tunnel_id is not None:
+            # the line names only the address (several tunnels to it): the control pipe placed the call
+            tid = old.tunnel_id
+            t = ins.tunnels.get(tid)
         c = CallInfo(
             instance=instance, role=role if t is None else t.role, section=t.section if t else None,
             peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
@@ -441,7 +445,8 @@ class Tracker:
         known = ins.calls.get(rec.call_id)
         if known is not None:
             return self.update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
-                                     peer_port=t.peer_port if t else None, section=rec.section, peer_call_id=rec.peer_call_id, serial=rec.serial)
+                                    peer_port=t.peer_port if t else None, section=rec.section,
+                                    peer_call_id=rec.peer_call_id, serial=rec.serial)
         if t is None:
             return []
         c = CallInfo(instance=instance, role=t.role, section=rec.section, peer=t.peer, peer_port=t.peer_port,

@@ -98,6 +98,25 @@ def test_ambiguous_call_waits_for_a_tunnel_id():
     assert more[-1].call.ids() == (7, 8, 100, 200, 1702)
 
 
+def test_a_call_the_control_pipe_placed_keeps_its_tunnel_when_its_line_names_only_the_address():
+    """Two tunnels to one address; the control pipe listed call 100 in
+    tunnel 7 (port 1702) before its line was read: the line completes the
+    call, which keeps tunnel 7 and its port (it was ended as a reused id
+    and replaced by one with no tunnel)."""
+    from pipexctl.discovery.state import CallInfo
+
+    t, _ = events("x", [
+        "xl2tpd[1]: Connection established to 10.0.0.2, 1701.  Local: 5, Remote: 6 (ref=0/0).  LNS session is 'd'",
+        "xl2tpd[1]: Connection established to 10.0.0.2, 1702.  Local: 7, Remote: 8 (ref=0/0).  LNS session is 'd'"])
+    ins = t.instances["x"]
+    t.call_up(ins, CallInfo(instance="x", role="lns", section="d", peer="10.0.0.2", peer_port=1702, tunnel_id=7,
+                            peer_tunnel_id=8, call_id=100, sources=["control"]))
+    ev = [e for r in lp.parse_lines(["xl2tpd[1]: Call established with 10.0.0.2, PID: 99, Local: 100, Remote: 200, "
+                                     "Serial: 1"]) for e in t.apply("x", r)]
+    assert [e.event for e in ev] == ["CallUp"]
+    assert ins.calls[100].ids() == (7, 8, 100, 200, 1702) and ins.calls[100].pppd_pid == 99
+
+
 def test_control_reply_parsing_real_text():
     av = ctl.parse_available(ctl.parse_reply(
         "00 OK\n00 AVAILABLE lns.0.name=default\n00 AVAILABLE lns.count=1\n00 AVAILABLE lac.0.name=\n"

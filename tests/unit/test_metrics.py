@@ -205,6 +205,17 @@ def test_a_second_tunnel_from_the_same_peer_address_and_port_gets_a_steered_sock
     assert srv.service.backend.tunnel_get(103).peer_tunnel_id == 200
 
 
+def test_a_tunnel_from_a_second_port_of_one_address_goes_to_that_port_and_is_no_twin(srv):
+    """Two clients behind one NAT address: the second tunnel's socket is
+    connected to its own peer port, and it is not a twin (another pair)."""
+    offload(srv, call(1))
+    srv.service.xl2tpd_port = srv.service.tunnels[("xl2tpd", 100)].local_port
+    offload(srv, call(5, tid=103).copy(peer_port=1702))
+    second = srv.service.tunnels[("xl2tpd", 103)]
+    assert (second.peer, second.peer_port) == ("192.0.2.7", 1702)
+    assert srv.service.datapath.tunnels[103][0] is False  # no twin: its own address pair
+
+
 def test_a_dropped_tunnel_closes_its_socket(srv):
     from pipexctl.discovery.state import TunnelDown, TunnelInfo
 

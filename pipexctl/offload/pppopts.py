@@ -128,6 +128,8 @@ def _write(path: str, text: str) -> None:
     try:
         files.atomic_write(path, text.encode(), mode=0o644, keep_owner=True)
     except OSError as e:
-        denied = e.errno in (errno.EACCES, errno.EPERM)
-        raise (errors.PermissionDeniedError if denied else errors.InvalidArgumentError)(
-            f"cannot write {path}: {e.strerror}") from None
+        # a path that cannot name a file is a usage error (exit 2); a full or read-only disk is not (exit 1)
+        kind = (errors.PermissionDeniedError if e.errno in (errno.EACCES, errno.EPERM)
+                else errors.InvalidArgumentError if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
+                else errors.PipexError)
+        raise kind(f"cannot write {path}: {e.strerror}") from None

@@ -47,6 +47,7 @@ class Instance:
     dir: Path
     local: str
     peer: str = ""
+    port: int = 1701  # its xl2tpd's UDP port
     proc: subprocess.Popen | None = None
     log_file: Optional[BinaryIO] = None
 
@@ -124,20 +125,20 @@ class Lab:
         ``port`` (two LACs behind one NAT address), started; its config is
         ``first``'s (written by start_all) with its own port and files."""
         inst = Instance(f"{first.name}-{port}", first.ns, "lac", first.dir.parent / f"{first.name}-{port}",
-                        first.local, peer=first.peer)
+                        first.local, peer=first.peer, port=port)
         inst.dir.mkdir()
         (inst.dir / "options").write_text((first.dir / "options").read_text()
                                           .replace(f"logfile {first.dir}/", f"logfile {inst.dir}/"))
         (inst.dir / "xl2tpd.conf").write_text((first.dir / "xl2tpd.conf").read_text()
-                                              .replace("port = 1701", f"port = {port}")
+                                              .replace(f"port = {first.port}", f"port = {port}")
                                               .replace(f"{first.dir}/options", f"{inst.dir}/options"))
         self.lacs.append(inst)  # stopped, and its logs kept, with the lab's
         self.start(inst)
         return inst
 
     # ---- configuration
-    def _global(self, listen: str | None, extra: str = "", kernel_mode: bool | None = None) -> str:
-        g = "[global]\nport = 1701\n" + extra
+    def _global(self, listen: str | None, extra: str = "", kernel_mode: bool | None = None, port: int = 1701) -> str:
+        g = f"[global]\nport = {port}\n" + extra
         if listen:
             g += f"listen-addr = {listen}\n"
         if not (self.kernel_mode if kernel_mode is None else kernel_mode):
@@ -168,7 +169,7 @@ pppoptfile = {self.lns.dir}/options
                                              + "ipcp-accept-local\nipcp-accept-remote\n"
                                              + (extra_pppd if self.lac_extra_pppd is None
                                                 else self.lac_extra_pppd).format(sock=self.serve_socket(lac)))
-            lac.dir.joinpath("xl2tpd.conf").write_text(self._global(lac.local, "", self.lac_kernel_mode) + "".join(
+            lac.dir.joinpath("xl2tpd.conf").write_text(self._global(lac.local, "", self.lac_kernel_mode, lac.port) + "".join(
                 f"""
 [lac {name}]
 lns = {lac.peer}

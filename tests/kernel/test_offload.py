@@ -169,18 +169,24 @@ def test_offload_both_sides(lab):
     assert ok, out
 
 
+def only_the_lns_offloads(lab):
+    """The LNS's pppd with the plugin, the LAC's plain; both xl2tpd started.
+    Returns the LAC."""
+    lab.write_configs("")
+    (lab.lns.dir / "options").write_text((lab.lns.dir / "options").read_text()
+                                         + WITH_PLUGIN.format(sock=lab.serve_socket(lab.lns)))
+    lab.start(lab.lns)
+    lab.start(lab.lacs[0])
+    return lab.lacs[0]
+
+
 def test_two_lacs_behind_one_address_each_call_goes_to_its_own_port(lab):
     """Two LAC xl2tpd on one address, ports 1701 and 1702 (two clients
     behind one NAT): the LNS log names only the address for a call, the
     control pipe says which tunnel holds it, and each kernel tunnel sends
     to its own peer port (the second one went to 1701 and its PPP never
     came up)."""
-    lab.write_configs("")
-    (lab.lns.dir / "options").write_text((lab.lns.dir / "options").read_text()
-                                         + WITH_PLUGIN.format(sock=lab.serve_socket(lab.lns)))
-    lab.start(lab.lns)
-    l1 = lab.lacs[0]
-    lab.start(l1)
+    l1 = only_the_lns_offloads(lab)
     l1b = lab.add_lac_beside(l1, 1702)
     lab.serve(lab.lns)
     lab.connect(l1)
@@ -202,12 +208,7 @@ def test_two_lacs_behind_one_address_each_call_goes_to_its_own_port(lab):
 
 
 def test_one_side_offloaded_interoperates_with_plain_xl2tpd(lab):
-    lab.write_configs("")
-    (lab.lns.dir / "options").write_text((lab.lns.dir / "options").read_text()
-                                         + WITH_PLUGIN.format(sock=lab.serve_socket(lab.lns)))
-    lab.start(lab.lns)
-    l1 = lab.lacs[0]
-    lab.start(l1)
+    l1 = only_the_lns_offloads(lab)
     lab.serve(lab.lns)
     lab.connect(l1)
     wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up", detail=lab.tails)

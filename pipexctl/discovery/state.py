@@ -222,7 +222,7 @@ class Tracker:
         return [] if self.quiet else [make()]
 
     def call_up(self, ins: Instance, c: CallInfo) -> list[Event]:
-        """A call learnt from a fact other than a log line (the control pipe)."""
+        """A new call in the model (from a log line, a status dump or the control pipe)."""
         ins.calls[c.call_id] = c
         return self._ev(lambda: CallUp(call=c.copy()))
 
@@ -428,10 +428,9 @@ class Tracker:
         )
         if rec.ts:
             c.since = rec.ts
-        ins.calls[c.call_id] = c
         if role == "lac":
             ins.last_lac_call = c.call_id
-        return ev + self._ev(lambda: CallUp(call=c.copy()))
+        return ev + self.call_up(ins, c)
 
     def _on_status_tunnel(self, ins: Instance, instance: str, rec: lp.StatusTunnel, source: str) -> list[Event]:
         ins.status_tunnel = rec.tunnel_id
@@ -453,8 +452,7 @@ class Tracker:
                      tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id, call_id=rec.call_id,
                      peer_call_id=rec.peer_call_id, serial=rec.serial,
                      data_path="kernel" if ins.kernel_mode else "unknown", sources=[source + ":status"])
-        ins.calls[c.call_id] = c
-        return self._ev(lambda: CallUp(call=c.copy()))
+        return self.call_up(ins, c)
 
     def _on_tunnel_closed(self, ins: Instance, instance: str, rec: lp.TunnelClosed, source: str) -> list[Event]:
         tid = rec.tunnel_id

@@ -40,11 +40,6 @@ from pipexctl.testing.probe import ppp_peer_addrs  # noqa: E402
 METRICS_PORT = 9479
 
 
-def daemon_pid(serve: subprocess.Popen) -> int:
-    """The python under `ip netns exec` (which execs it: same pid)."""
-    return serve.pid
-
-
 def proc_facts(pid: int) -> dict:
     fds = [int(f) for f in os.listdir(f"/proc/{pid}/fd")]
     with open(f"/proc/{pid}/status") as f:
@@ -96,7 +91,7 @@ def run(n_lacs: int, sections: int, timeout: float) -> dict:
             columns.append([lab.add_lac_beside(lac, 1700 + j) for lac in columns[0]])
         say(f"{n} LAC xl2tpd started")
         srv = lab.serve(lab.lns, "--wait", "60", "--metrics", f"127.0.0.1:{METRICS_PORT}")
-        pid = daemon_pid(srv)
+        pid = srv.pid  # `ip netns exec` execs the python: the daemon's own pid
         scrape_seconds(lab.lns.ns)  # the first scrape opens the metrics' own netlink socket: before the count
         out["daemon_at_start"] = proc_facts(pid)
         say(f"{n_lacs} LACs and the LNS up, the daemon holds {out['daemon_at_start']['fds']} fds; dialling")

@@ -16,14 +16,14 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import errors
-from ..discovery.state import CallDown, TunnelDown
+from ..discovery.state import CallDown, Event, TunnelDown
 
 if TYPE_CHECKING:
     from ..orchestrator import Orchestrator
     from .datapath import DataPath
     from .exits import Exits
     from .ptys import PtyHolder
-    from .service import TunnelState
+    from .service import TunnelKey, TunnelState, TunnelTable
     from .statefile import SessionRecord
 
 log = logging.getLogger("pipexctl.serve")
@@ -35,14 +35,15 @@ UNCONFIRMED_AFTER = 10.0
 class Endings:
     # OffloadService's, whose part this is (declared for the type checker)
     lock: threading.RLock
-    tunnels: dict[tuple[str, int], "TunnelState"]
-    awaiting: dict[tuple, tuple[float, str]]
+    tunnels: "TunnelTable"
+    awaiting: dict[tuple[str, int, Optional[int]], tuple[float, str]]
     stats: dict[str, int]
     orch: "Orchestrator"
     datapath: "DataPath"
     exits: "Exits"
     ptys: "PtyHolder"
-    save: Callable[[], None]
+    save: Callable[..., None]
+    write_saved: Callable[[], None]
 
     def _end_call(self, ts: "TunnelState", call_id: int, why: str, delete: bool = True) -> None:
         """Remove an offloaded session (``delete``: from the kernel too; it is
@@ -68,7 +69,7 @@ class Endings:
         return not self.exits.alive(rec.pppd_pid) or self._xl2tpd_gone(ts)
 
     # ---------------------------------------------------------- endings
-    def drop_tunnel(self, key, reason: str, sync: bool = True) -> None:
+    def drop_tunnel(self, key: TunnelKey, reason: str, sync: bool = True) -> None:
         """Remove a tunnel and its sessions; ``sync=False``: the caller writes the state file."""
         ts = self.tunnels.pop(key, None)
         if ts is None:
@@ -99,18 +100,19 @@ class Endings:
         return True
 
     @staticmethod
-    def gone_ok(fn) -> None:
+    def gone_ok(fn: Callable[[], object]) -> None:
         errors.gone_ok(fn, log)
 
-    def handle(self, events: list) -> None:
+    def handle(self, events: list[Event]) -> None:
         with self.lock:
             for e in events:
                 try:
                     self.on_event(e)
                 except Exception:  # one event's failure does not lose the ones after it
                     log.exception("acting on %s failed", type(e).__name__)
+        self.write_saved()  # after the lock: the whole file is rewritten, and offloads wait for the lock
 
-    def on_event(self, e) -> None:
+    def on_event(self, e: Event) -> None:
         """Discovery's word that a call or tunnel ended, acted on once an
         exit confirms it (``sweep`` finishes what waits for one)."""
         if isinstance(e, CallDown):
@@ -135,7 +137,7 @@ class Endings:
                 return
             self._end_call(ts, e.call.call_id, f"ended ({e.reason}): offload removed")
             self._drop_when_empty(ts, ts.down)
-            self.save()
+            self.save(now=False)
         elif isinstance(e, TunnelDown):
             key = (e.tunnel.instance, e.tunnel.tunnel_id)
             ts = self.tunnels.get(key)
@@ -152,15 +154,16 @@ class Endings:
                 self.awaiting[(ts.instance, ts.tunnel_id, None)] = (time.monotonic(), e.reason)
                 log.info("tunnel %d: discovery says it ended (%s), but pppd(s) %s run: kept until they exit",
                          ts.tunnel_id, e.reason, ", ".join(str(r.pppd_pid) for r in ts.records.values()))
-                self.save()
             else:
-                self.drop_tunnel(key, e.reason)
+                self.drop_tunnel(key, e.reason, sync=False)
+            self.save(now=False)
 
     def tick(self) -> None:
         """Every half second (the watcher): a firewall reload may have flushed
         the twins' steering; a watched process may have exited."""
         self.datapath.check()
         self.sweep()
+        self.write_saved()  # a change recorded by any other path and not written yet
 
     def busy(self) -> bool:
         """Something needs the watcher's half-second round: a twins' table to
@@ -189,7 +192,8 @@ class Endings:
                     changed = True
                 changed |= self._drop_when_empty(ts, ts.down)
             if changed:
-                self.save()
+                self.save(now=False)
+        self.write_saved()
 
     def _warn_unconfirmed(self) -> None:
         now = time.monotonic()

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from typing import Any
 
 from .. import errors
 from ..discovery import procscan
@@ -71,7 +72,7 @@ def _rehold_pty(svc: OffloadService, instance: str, s: SessionRecord) -> None:
     svc.ptys.hold((instance, s.call_id), fd)
 
 
-def reconcile(svc: OffloadService) -> dict:
+def reconcile(svc: OffloadService) -> dict[str, Any]:
     """Adopt what the state file recorded and is still live; remove orphans.
     The caller holds ``svc.lock``."""
     state, warning = statefile.load(svc.state_path)

@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import defaults, errors
 from ..discovery.state import CallIds, CallInfo
@@ -59,7 +59,7 @@ FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "state-s
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 # hand_off(meta, fds): sends the channel (fds[0]) and the tunnel's socket to pppd
-HandOff = Callable[[dict, list], None]
+HandOff = Callable[[dict[str, Any], list[int]], None]
 
 
 def _failpoints() -> dict[str, Optional[float]]:
@@ -84,6 +84,43 @@ def reason_label(e: Exception) -> str:
     return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(n))
 
 
+class Records(dict[int, SessionRecord]):
+    """A tunnel's offloaded sessions by call id, each also kept encoded for
+    the state file; every change tells the tunnel table (``changed``)."""
+
+    def __init__(self, recs: Optional[dict[int, SessionRecord]] = None) -> None:
+        super().__init__()
+        self.encoded: dict[int, bytes] = {}
+        self.changed: Callable[[], None] = lambda: None
+        for k, v in (recs or {}).items():
+            self[k] = v
+
+    def __setitem__(self, call_id: int, rec: SessionRecord) -> None:
+        super().__setitem__(call_id, rec)
+        self.encoded[call_id] = statefile.encode_session(rec)
+        self.changed()
+
+    def __delitem__(self, call_id: int) -> None:
+        super().__delitem__(call_id)
+        del self.encoded[call_id]
+        self.changed()
+
+    def pop(self, call_id: int, *default: Any) -> Any:
+        self.encoded.pop(call_id, None)
+        self.changed()
+        return super().pop(call_id, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self.encoded.clear()
+        self.changed()
+
+    def _unsupported(self, *a: Any, **k: Any) -> Any:
+        raise TypeError("Records: set, pop, del or clear only (each change is encoded for the state file)")
+
+    update = setdefault = popitem = __ior__ = _unsupported
+
+
 @dataclass
 class TunnelState:
     instance: str
@@ -94,15 +131,102 @@ class TunnelState:
     peer_port: int
     sock: Optional[socket.socket]  # None: adopted, and no pppd copy could be taken back
     local_port: int
-    records: dict[int, SessionRecord] = field(default_factory=dict)  # by call id: the offloaded sessions
+    records: Records = field(default_factory=Records)  # by call id: the offloaded sessions
     xl2tpd_pid: Optional[int] = None  # the verified parent of its pppds (None: not known, an old record)
     down: Optional[str] = None  # discovery said it ended while pppds still ran: why
+    _head: Optional[TunnelRecord] = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.records, Records):
+            self.records = Records(self.records)
 
     def record(self) -> TunnelRecord:
         return TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id, peer_tunnel_id=self.peer_tunnel_id,
                             local=self.local, peer=self.peer, peer_port=self.peer_port,
-                            local_port=self.local_port, sessions=[self.records[c] for c in sorted(self.records)],
+                            local_port=self.local_port, sessions=list(self.records.values()),
                             xl2tpd_pid=self.xl2tpd_pid)
+
+    def encoded(self) -> bytes:
+        """The tunnel as the state file has it (its sessions encoded once each)."""
+        return statefile.encode_tunnel(self.record_head(), self.records.encoded.values())
+
+    def record_head(self) -> TunnelRecord:
+        """The tunnel's record without its sessions (validated once, at its first encoding)."""
+        if self._head is None:
+            self._head = TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id,
+                                      peer_tunnel_id=self.peer_tunnel_id, local=self.local, peer=self.peer,
+                                      peer_port=self.peer_port, local_port=self.local_port,
+                                      xl2tpd_pid=self.xl2tpd_pid)
+        return self._head
+
+
+TunnelKey = tuple[str, int]  # (xl2tpd instance, tunnel id)
+Addresses = tuple[str, str, int, int]  # local address, peer address and port, local port
+
+
+class TunnelTable(dict[TunnelKey, TunnelState]):
+    """The offloaded tunnels by (instance, tunnel id).  What costs as many
+    steps as there are tunnels is kept up to date as they change, so an
+    offload costs the same with 10 or 10,000 calls held: the state file's
+    encoded tunnels (re-encoded only when changed) and the count of
+    tunnels per address pair (the twin test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._encoded: dict[TunnelKey, bytes] = {}
+        self._dirty: set[TunnelKey] = set()
+        self._on: collections.Counter[Addresses] = collections.Counter()
+
+    @staticmethod
+    def _addresses(ts: TunnelState) -> Addresses:
+        return (ts.local, ts.peer, ts.peer_port, ts.local_port)
+
+    def __setitem__(self, key: TunnelKey, ts: TunnelState) -> None:
+        old = self.get(key)
+        if old is not None:
+            self._forget(key, old)
+        super().__setitem__(key, ts)
+        self._on[self._addresses(ts)] += 1
+        ts.records.changed = lambda: self._dirty.add(key) if self.get(key) is ts else None
+        self._dirty.add(key)
+
+    def _forget(self, key: TunnelKey, ts: TunnelState) -> None:
+        ts.records.changed = lambda: None
+        a = self._addresses(ts)
+        self._on[a] -= 1
+        if not self._on[a]:
+            del self._on[a]
+        self._dirty.add(key)
+
+    def __delitem__(self, key: TunnelKey) -> None:
+        self._forget(key, self[key])
+        super().__delitem__(key)
+
+    def pop(self, key: TunnelKey, *default: Any) -> Any:
+        if key in self:
+            self._forget(key, self[key])
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        for key in list(self):
+            del self[key]
+
+    update = setdefault = popitem = __ior__ = Records._unsupported
+
+    def on_addresses(self, addresses: Addresses) -> int:
+        """How many tunnels have these addresses and ports."""
+        return self._on.get(addresses, 0)
+
+    def encoded(self) -> list[bytes]:
+        """Every tunnel as the state file has it; only the changed ones are encoded again."""
+        for key in self._dirty:
+            ts = self.get(key)
+            if ts is None:
+                self._encoded.pop(key, None)
+            else:
+                self._encoded[key] = ts.encoded()
+        self._dirty.clear()
+        return list(self._encoded.values())
 
 
 class OffloadService(Endings):
@@ -116,19 +240,19 @@ class OffloadService(Endings):
         # watch.lock when both are needed, so parsing logs (slow under
         # emulation) never delays an offload, and an offload never delays parsing
         self.lock = threading.RLock()
-        self.tunnels: dict[tuple[str, int], TunnelState] = {}
+        self.tunnels = TunnelTable()
         self.ptys = PtyHolder()
         self.exits = Exits()
         self.stats = {"offloaded": 0, "refused": 0, "failed": 0, "removed": 0, "adopted": 0, "orphans_removed": 0,
                       "unconfirmed_ends": 0}
-        self.reasons: collections.Counter = collections.Counter()  # (refused|failed, reason) -> count
-        self.latencies: collections.deque = collections.deque(maxlen=1000)  # request -> fd sent, seconds
+        self.reasons: collections.Counter[tuple[str, str]] = collections.Counter()  # (refused|failed, reason) -> count
+        self.latencies: collections.deque[float] = collections.deque(maxlen=1000)  # request -> fd sent, seconds
         self.latency_hist = [0] * (len(LATENCY_BUCKETS) + 1)  # cumulative-free counts; the last is +Inf
         self.latency_sum = 0.0
         self.counter_lock = threading.Lock()  # counters bumped by concurrent request threads
         self.pty_reasons: dict[int, str] = {}  # pppd pid -> why it was not offloaded
-        self.awaiting: dict[tuple, tuple[float, str]] = {}  # ends reported, no exit yet: since, why
-        self.last_reconcile: dict = {}
+        self.awaiting: dict[tuple[str, int, Optional[int]], tuple[float, str]] = {}  # ends reported, no exit yet: since, why
+        self.last_reconcile: dict[str, Any] = {}
         self.reconciles = 0
         self.max_session_series = 1000  # per-session counters in metrics() beyond this are summed, not listed
         self.metrics_backend: Optional[KernelBackend] = None  # metrics' own netlink socket: a scrape never waits for lock
@@ -182,7 +306,7 @@ class OffloadService(Endings):
     # ---------------------------------------------------------- the offload
     def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None,
                 hand_off: Optional[HandOff] = None, xl2tpd_pid: Optional[int] = None,
-                timing: Optional[dict] = None) -> tuple[PPPChannel, dict]:
+                timing: Optional[dict[str, float]] = None) -> tuple[PPPChannel, dict[str, Any]]:
         """Give ``call`` a kernel channel; all or nothing.
 
         ``pppd_pid`` and ``xl2tpd_pid`` (its verified parent) are watched:
@@ -229,7 +353,8 @@ class OffloadService(Endings):
                     self._end_call(ts, call.call_id, "not taken by its pppd: offload removed")
                 self._drop_when_empty(ts, ts.down or (f"its first call {call.call_id} was not taken by its pppd"
                                                       if made_tunnel else None))
-                self.save()
+                self.save(now=False)
+            self.write_saved()
             raise
         finally:
             if tsock >= 0:
@@ -239,7 +364,8 @@ class OffloadService(Endings):
                           hand_off=time.monotonic() - t_saved)
         return ch, meta
 
-    def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int]):
+    def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int]
+               ) -> tuple[PPPChannel, dict[str, Any], TunnelState, SessionRecord, bool, int]:
         """The kernel objects and the record of ``call`` (caller holds the lock)."""
         ids = call.ids()
         if ids is None:
@@ -299,8 +425,7 @@ class OffloadService(Endings):
         local = self.datapath.local_for(call.peer, peer_port)
         # a second tunnel from the same peer address and port: the data path
         # decides where its socket goes (a private port before Linux 6.11)
-        twin = any((t.local, t.peer, t.peer_port, t.local_port) == (local, call.peer, peer_port, self.xl2tpd_port)
-                   for t in self.tunnels.values())
+        twin = self.tunnels.on_addresses((local, call.peer, peer_port, self.xl2tpd_port)) > 0
         s = self.datapath.open(local, call.peer, peer_port, ids.tunnel_id, twin)
         tx.on_rollback(lambda: self.datapath.close_tunnel(s, ids.tunnel_id))
         tx.create_tunnel(TunnelSpec(tunnel_id=ids.tunnel_id, peer_tunnel_id=ids.peer_tunnel_id, version=2,
@@ -335,17 +460,29 @@ class OffloadService(Endings):
         self._end_call(ts, call_id, f"had ended ({why})", delete=False)
 
     # ---------------------------------------------------------- state
-    def save(self) -> None:
-        """Write the state file now (the caller holds the lock: snapshots are
-        numbered in the order the lock gives); a failure is logged."""
+    def save(self, now: bool = True) -> None:
+        """Record the state as it is now (the caller holds the lock: snapshots
+        are numbered in the order the lock gives) and write it; ``now=False``:
+        the caller writes it with ``write_saved`` once it has let go of the
+        lock (ends need not be on disk at once: a restart forgets a record
+        the kernel no longer has).  A failed write is logged."""
+        n = self.snapshot()
+        if now:
+            self._write(n)
+
+    def write_saved(self) -> None:
+        """Write the newest recorded state if nobody has (no lock needed)."""
+        self._write(self.state.newest())
+
+    def _write(self, n: int) -> None:
         try:
-            self.state.flush(self.snapshot())
+            self.state.flush(n)
         except OSError as e:
             log.warning("cannot write state file %s: %s", self.state_path, e.strerror)
 
     def snapshot(self) -> int:
         """The state as it is now, to be written (the caller holds the lock)."""
-        return self.state.snapshot(statefile.State(tunnels=[t.record() for t in self.tunnels.values()]))
+        return self.state.snapshot(self.tunnels.encoded())
 
     def shutdown(self) -> None:
         with self.lock:
@@ -370,12 +507,12 @@ class OffloadService(Endings):
         self.datapath.close()
         self.exits.close()
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         from .report import status
 
         return status(self)
 
-    def metrics(self) -> dict:
+    def metrics(self) -> dict[str, Any]:
         from .report import metrics
 
         return metrics(self)

@@ -112,19 +112,51 @@ def load(path: str) -> tuple[State, Optional[str]]:
     return State(), f"state file {path} is not valid ({why}); {where}; starting from nothing recorded"
 
 
+# The file is written from pieces encoded once each (a session when it is
+# recorded, a tunnel's fields when it is made), so a write costs a join of
+# bytes, not a validation and serialisation of every record: with 10,000
+# calls the daemon rewrites the file on every change.  ``load`` validates
+# what these produce with the models above (a unit test compares the two).
+_TUNNEL_FIELDS = ("instance", "tunnel_id", "peer_tunnel_id", "local", "peer", "peer_port", "local_port",
+                  "xl2tpd_pid")
+_SESSION_FIELDS = ("call_id", "peer_call_id", "pppd_pid", "role", "pty")
+
+
+def _json(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def encode_session(rec: SessionRecord) -> bytes:
+    return _json({f: getattr(rec, f) for f in _SESSION_FIELDS})
+
+
+def encode_tunnel(rec: TunnelRecord, sessions: Optional[Iterable[bytes]] = None) -> bytes:
+    """``rec`` as it stands in the file; ``sessions``: its sessions already
+    encoded (``encode_session``), in place of ``rec.sessions``."""
+    head = _json({f: getattr(rec, f) for f in _TUNNEL_FIELDS})
+    parts = sessions if sessions is not None else (encode_session(s) for s in rec.sessions)
+    return head[:-1] + b',"sessions":[' + b",".join(parts) + b"]}"
+
+
 def save(path: str, state: State) -> None:
     """Atomic replace (files.atomic_write)."""
+    save_encoded(path, [encode_tunnel(t) for t in state.tunnels])
+
+
+def save_encoded(path: str, tunnels: list[bytes]) -> None:
+    """The file of these encoded tunnels (``encode_tunnel``), by atomic
+    replace (files.atomic_write)."""
     d = os.path.dirname(path) or "."
     os.makedirs(d, mode=0o700, exist_ok=True)  # made here only when missing; never chmodded
-    state = state.model_copy(update={"written": time.time(), "pid": os.getpid()})
-    files.atomic_write(path, state.model_dump_json().encode())
+    head = _json({"version": VERSION, "written": time.time(), "pid": os.getpid()})
+    files.atomic_write(path, head[:-1] + b',"tunnels":[' + b",".join(tunnels) + b"]}")
 
 
 class Writer:
     """Group commit of the state file.
 
     ``snapshot`` (under the daemon's lock, where the state is consistent)
-    keeps the newest state and returns its number; ``flush(n)`` (without
+    keeps the newest state, as its encoded tunnels, and returns its number; ``flush(n)`` (without
     that lock) returns once a state numbered ``n`` or later is on disk,
     writing the newest one itself if nobody has.  Writes never overlap and
     never put an older state over a newer one."""
@@ -132,14 +164,18 @@ class Writer:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()  # one write at a time; never held while taking the daemon's lock
-        self._newest: tuple[int, Optional[State]] = (0, None)
+        self._newest: tuple[int, Optional[list[bytes]]] = (0, None)
         self._written = 0
         self.writes = 0
 
-    def snapshot(self, state: State) -> int:
+    def snapshot(self, tunnels: list[bytes]) -> int:
         n = self._newest[0] + 1
-        self._newest = (n, state)  # one assignment: a flush reads either the old pair or the new
+        self._newest = (n, tunnels)  # one assignment: a flush reads either the old pair or the new
         return n
+
+    def newest(self) -> int:
+        """The number of the newest snapshot (0: none yet)."""
+        return self._newest[0]
 
     def flush(self, n: int) -> None:
         with self._lock:
@@ -148,7 +184,7 @@ class Writer:
             newest, state = self._newest
             if state is None:
                 return  # nothing was ever snapshotted
-            save(self.path, state)  # a failure raises: every caller it covered tries again itself
+            save_encoded(self.path, state)  # a failure raises: every caller it covered tries again itself
             self._written = newest
             self.writes += 1
 
@@ -160,7 +196,7 @@ class Plan:
     remove_tunnels: list[tuple[int, str]] = field(default_factory=list)  # (tunnel, why)
     forget: list[str] = field(default_factory=list)  # records dropped without touching the kernel
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, int]:
         return {"adopted_tunnels": len(self.adopt), "adopted_sessions": sum(len(t.sessions) for t in self.adopt),
                 "removed_sessions": len(self.remove_sessions), "removed_tunnels": len(self.remove_tunnels),
                 "forgotten": len(self.forget)}

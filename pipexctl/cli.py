@@ -8,15 +8,25 @@ from __future__ import annotations
 import ipaddress
 import json
 import sys
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import click
 from pydantic import ValidationError
 
 from . import __version__, defaults, errors
-from .kernel.backend import KernelBackend
-from .model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
+from .kernel.backend import KernelBackend, PPPChannel
+from .model import Encap, Endpoint, PwType, Session, SessionSpec, TunnelSpec
 from .orchestrator import Orchestrator, meta_bytes
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from .discovery.discovery import Discovery
+
+# a command function, through the option decorators unchanged
+F = TypeVar("F", bound=Callable[..., Any])
+# a spec model, built by _spec
+M = TypeVar("M", bound="BaseModel")
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -48,7 +58,7 @@ class Boundary(click.Group):
     """Library errors become one clear line and an exit code, here only,
     for every command of the group."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except errors.PipexError as e:
@@ -59,7 +69,7 @@ class Boundary(click.Group):
             sys.exit(2)
 
 
-def _spec(cls, **kw):
+def _spec(cls: type[M], **kw: Any) -> M:
     try:
         return cls(**kw)
     except ValidationError as e:
@@ -75,7 +85,7 @@ def _endpoint(text: Optional[str], what: str) -> Optional[Endpoint]:
         raise errors.InvalidArgumentError(f"{what}: {e}") from None
 
 
-def _emit_json(data) -> None:
+def _emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=None, default=str))
 
 
@@ -111,7 +121,7 @@ def cli(ctx: click.Context, netns: Optional[str]) -> None:
 id_type = click.IntRange(min=0, max=0xFFFFFFFF)
 
 
-def tunnel_options(fn):
+def tunnel_options(fn: F) -> F:
     for dec in reversed(
         [
             click.option("--tunnel-id", type=id_type, required=True, help="Our tunnel id."),
@@ -129,7 +139,9 @@ def tunnel_options(fn):
     return fn
 
 
-def _tunnel_spec(tunnel_id, peer_tunnel_id, l2tp_version, encap, local, remote, udp_csum, udp6_zero_csum_tx, udp6_zero_csum_rx) -> TunnelSpec:
+def _tunnel_spec(tunnel_id: int, peer_tunnel_id: int, l2tp_version: str, encap: str, local: Optional[str],
+                 remote: Optional[str], udp_csum: Optional[bool], udp6_zero_csum_tx: bool,
+                 udp6_zero_csum_rx: bool) -> TunnelSpec:
     return _spec(
         TunnelSpec,
         tunnel_id=tunnel_id,
@@ -148,7 +160,7 @@ def _tunnel_spec(tunnel_id, peer_tunnel_id, l2tp_version, encap, local, remote, 
 @tunnel_options
 @click.option("--json", "as_json", is_flag=True, help="Print the created tunnel as JSON.")
 @click.pass_obj
-def addtun(app: AppContext, as_json: bool, **kw) -> None:
+def addtun(app: AppContext, /, as_json: bool, **kw: Any) -> None:  # app: pass_obj's, positional (kw names none)
     """Create an unmanaged kernel tunnel (the kernel opens its own socket).
 
     \b
@@ -253,8 +265,11 @@ def _ip_arg(value: str, name: str) -> str:
 @click.option("--fd-to", type=click.Path(dir_okay=False), help="PPP: connect a PPPoL2TP socket and hand its fd to this unix socket (SCM_RIGHTS).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_session_id, local, remote, encap,
-            l2tp_version, pw, ifname, cookie, peer_cookie, l2spec, seq, lns_mode, udp_csum, fd_to, as_json) -> None:
+def addsess(app: AppContext, args: tuple[str, ...], tunnel_id: Optional[int], peer_tunnel_id: Optional[int],
+            session_id: Optional[int], peer_session_id: Optional[int], local: Optional[str], remote: Optional[str],
+            encap: str, l2tp_version: Optional[str], pw: Optional[str], ifname: Optional[str], cookie: Optional[str],
+            peer_cookie: Optional[str], l2spec: Optional[str], seq: Optional[bool], lns_mode: Optional[bool],
+            udp_csum: Optional[bool], fd_to: Optional[str], as_json: bool) -> None:
     """Create a kernel session (and its tunnel when missing).
 
     Two forms, see the examples.  The OpenBSD pipexctl order (an L2TPv2 PPP session):
@@ -277,10 +292,9 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
     A PPP session lives while a PPPoL2TP socket is connected to it; with --fd-to
     the socket is handed to a consumer (pppd plugin) that keeps it.
     """
-    args = list(args)
     if args and args[0] == "l2tp":
-        args.pop(0)
-    framed = {}
+        args = args[1:]
+    framed: dict[str, str] = {}
     if args:
         if len(args) != len(OPENBSD_ORDER):
             raise errors.InvalidArgumentError(
@@ -312,6 +326,7 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
     if peer_tunnel_id is not None or local is not None or remote is not None:
         if peer_tunnel_id is None:
             raise errors.InvalidArgumentError("creating the tunnel needs --peer-tunnel-id")
+        assert tunnel_id is not None  # a missing --tunnel-id was refused above
         tspec = _tunnel_spec(tunnel_id, peer_tunnel_id, str(version), encap, local, remote, udp_csum, False, False)
     sspec = _spec(
         SessionSpec,
@@ -331,9 +346,10 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
     if fd_to and pw != "ppp":
         raise errors.InvalidArgumentError("--fd-to hands over a PPPoL2TP socket: it needs --pw ppp")
 
-    def hand_off(channel, meta):
+    def hand_off(channel: PPPChannel, meta: dict[str, int]) -> None:
         from .kernel.pppol2tp import send_fd
 
+        assert fd_to is not None  # handed to add_session only with --fd-to
         send_fd(fd_to, channel.fileno(), meta_bytes({**meta, **framed}))
 
     r = app.orch.add_session(sspec, tspec, connect_ppp=bool(fd_to), hand_off=hand_off if fd_to else None)
@@ -365,7 +381,7 @@ def addsess(app: AppContext, args, tunnel_id, peer_tunnel_id, session_id, peer_s
 @click.option("--session-id", type=id_type, required=True)
 @click.option("--tunnel-too", is_flag=True, help="Also delete the tunnel once it has no session left.")
 @click.pass_obj
-def delsess(app: AppContext, proto, tunnel_id: int, session_id: int, tunnel_too: bool) -> None:
+def delsess(app: AppContext, proto: Optional[str], tunnel_id: int, session_id: int, tunnel_too: bool) -> None:
     """Delete a kernel session.
 
     \b
@@ -376,7 +392,7 @@ def delsess(app: AppContext, proto, tunnel_id: int, session_id: int, tunnel_too:
     click.echo(f"session {session_id} in tunnel {tunnel_id} deleted" + (f"; tunnel {tunnel_id} deleted" if gone else ""))
 
 
-def _session_rows(sessions):
+def _session_rows(sessions: list[Session]) -> list[list[Any]]:
     return [
         [s.tunnel_id, s.session_id, s.peer_tunnel_id if s.peer_tunnel_id is not None else "-", s.peer_session_id,
          s.pw_type.value, s.ifname or "-"]
@@ -443,7 +459,8 @@ def status(socket_path: str, as_json: bool) -> None:
               help="The daemon's socket (with --serve).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def stat(app: AppContext, tunnel_id, session_id, from_serve: bool, socket_path: str, as_json: bool) -> None:
+def stat(app: AppContext, tunnel_id: Optional[int], session_id: Optional[int], from_serve: bool, socket_path: str,
+         as_json: bool) -> None:
     """Per-session counters (netlink SESSION_GET statistics).
 
     \b
@@ -528,7 +545,7 @@ def check(offload_setup: bool, xl2tpd_conf: str, socket_path: str, as_json: bool
 # ---------------------------------------------------------------- discovery
 
 
-def discovery_options(fn):
+def discovery_options(fn: F) -> F:
     for dec in reversed([
         click.option("--log", "logs", multiple=True, metavar="PATH|journal:UNIT|journal-id:IDENT",
                      help="xl2tpd log to read: a file (plain or syslog), or the journal. Repeatable. "
@@ -545,7 +562,8 @@ def discovery_options(fn):
     return fn
 
 
-def _discovery(app: "AppContext", logs, controls, no_proc, no_kernel, identifier, follow):
+def _discovery(app: "AppContext", logs: tuple[str, ...], controls: tuple[str, ...], no_proc: bool, no_kernel: bool,
+               identifier: str, follow: bool) -> Discovery:
     from .discovery.discovery import Discovery, default_sources
 
     found_logs, found_controls = default_sources()
@@ -568,7 +586,8 @@ def _age(since: float) -> str:
 @discovery_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: tunnels, calls, stats.")
 @click.pass_obj
-def discover(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_json) -> None:
+def discover(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_proc: bool, no_kernel: bool,
+             identifier: str, as_json: bool) -> None:
     """List every tunnel and call of running xl2tpd instances.
 
     Sources are merged: the logs give ids and history, the control pipe what
@@ -607,7 +626,8 @@ def discover(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as
 @click.option("--json", "as_json", is_flag=True, help="Newline-delimited JSON, one object per event.")
 @click.option("--duration", type=float, help="Stop after this many seconds.")
 @click.pass_obj
-def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_json, duration) -> None:
+def watch(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_proc: bool, no_kernel: bool,
+          identifier: str, as_json: bool, duration: Optional[float]) -> None:
     """Follow xl2tpd: print each tunnel/call event once, in order.
 
     First the objects alive now (TunnelUp, CallUp), then TunnelUp, CallUp,
@@ -620,6 +640,8 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
     """
     import time as _t
 
+    from .discovery.state import DataPathChanged, TunnelDown, TunnelUp
+
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
     until = _t.monotonic() + duration if duration else None
     try:
@@ -627,12 +649,15 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
             if as_json:
                 click.echo(e.model_dump_json(exclude={"call": {"pppd_argv"}}))
             else:
-                obj = getattr(e, "call", None) or e.tunnel
-                what = (f"call {obj.call_id}/{obj.peer_call_id} tunnel {obj.tunnel_id}/{obj.peer_tunnel_id} "
-                        f"pppd {obj.pppd_pid or '-'} {obj.data_path}" if hasattr(obj, "call_id")
-                        else f"tunnel {obj.tunnel_id}/{obj.peer_tunnel_id} {obj.role} {obj.peer}")
+                if isinstance(e, (TunnelUp, TunnelDown)):
+                    t = e.tunnel
+                    what = f"tunnel {t.tunnel_id}/{t.peer_tunnel_id} {t.role} {t.peer}"
+                else:
+                    c = e.call
+                    what = (f"call {c.call_id}/{c.peer_call_id} tunnel {c.tunnel_id}/{c.peer_tunnel_id} "
+                            f"pppd {c.pppd_pid or '-'} {c.data_path}")
                 extra = getattr(e, "reason", "") or ""
-                if e.event == "DataPathChanged":
+                if isinstance(e, DataPathChanged):
                     extra = f"{e.old} -> {e.new}"
                 click.echo(f"{e.event:16} {what}" + (f" ({extra})" if extra else ""))
             sys.stdout.flush()
@@ -645,7 +670,7 @@ def watch(app: AppContext, logs, controls, no_proc, no_kernel, identifier, as_js
 # ---------------------------------------------------------------- offload
 
 
-def _check_listen(ctx, param, value):
+def _check_listen(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
     if value is None:
         return None
     from .offload.metrics import parse_listen
@@ -677,8 +702,10 @@ def _check_listen(ctx, param, value):
               help="Per-session counter series at most; the rest are summed.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each offload and removal to stderr.")
 @click.pass_obj
-def serve(app: AppContext, logs, controls, no_proc, no_kernel, identifier, socket_path, wait, xl2tpd_port,
-          reconcile_interval, state_path, teardown_on_exit, metrics_listen, metrics_max_sessions, verbose) -> None:
+def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_proc: bool, no_kernel: bool,
+          identifier: str, socket_path: str, wait: float, xl2tpd_port: int, reconcile_interval: float,
+          state_path: Optional[str], teardown_on_exit: bool, metrics_listen: Optional[str], metrics_max_sessions: int,
+          verbose: bool) -> None:
     """Offload userspace-mode xl2tpd calls: hand pppd a kernel channel.
 
     pppd loads the plugin (`plugin pipexctl.so` in xl2tpd's pppd options file);
@@ -767,7 +794,7 @@ def offload() -> None:
     """
 
 
-def _offload_options(fn):
+def _offload_options(fn: F) -> F:
     for deco in reversed([
         click.option("--xl2tpd-conf", default="/etc/xl2tpd/xl2tpd.conf", show_default=True,
                      help="xl2tpd's configuration: its pppoptfile lines name the options files."),
@@ -780,7 +807,8 @@ def _offload_options(fn):
     return fn
 
 
-def _offload_apply(xl2tpd_conf, options_files, want, dry_run, as_json) -> None:
+def _offload_apply(xl2tpd_conf: str, options_files: tuple[str, ...], want: Optional[str], dry_run: bool,
+                   as_json: bool) -> None:
     from .offload import pppopts
 
     files = list(options_files) or pppopts.files_of(xl2tpd_conf)
@@ -800,7 +828,8 @@ def _offload_apply(xl2tpd_conf, options_files, want, dry_run, as_json) -> None:
               help="The daemon's socket (pipexctl_socket).")
 @click.option("--required", is_flag=True, help="pppd fails instead of staying on its pty (pipexctl_required).")
 @click.option("--timeout", type=click.IntRange(1, 60), help="Seconds pppd waits for the daemon (pipexctl_timeout).")
-def offload_enable(xl2tpd_conf, options_files, dry_run, as_json, socket_path, required, timeout) -> None:
+def offload_enable(xl2tpd_conf: str, options_files: tuple[str, ...], dry_run: bool, as_json: bool, socket_path: str,
+                   required: bool, timeout: Optional[int]) -> None:
     """Add (or update) the plugin block.
 
     \b
@@ -818,7 +847,7 @@ def offload_enable(xl2tpd_conf, options_files, dry_run, as_json, socket_path, re
 
 @offload.command("disable")
 @_offload_options
-def offload_disable(xl2tpd_conf, options_files, dry_run, as_json) -> None:
+def offload_disable(xl2tpd_conf: str, options_files: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Remove the plugin block: the next calls stay on their ptys.
 
     \b

@@ -22,6 +22,7 @@ import argparse
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .kernel.backend import NetlinkBackend
@@ -29,6 +30,10 @@ from .model import Endpoint, PwType, SessionSpec, TunnelSpec
 from .netns import Pair
 from .orchestrator import Orchestrator
 from .testing.lab import iperf
+
+if TYPE_CHECKING:
+    from .discovery.state import CallInfo
+    from .testing.lab import Instance, Lab
 
 
 def _sh(*cmd: str, check: bool = True) -> str:
@@ -42,7 +47,7 @@ def step(n: int, text: str) -> None:
     print(f"\n[{n}] {text}", flush=True)
 
 
-def _discover(lab, inst) -> list:
+def _discover(lab: Lab, inst: Instance) -> list[CallInfo]:
     from .discovery.discovery import Discovery
 
     d = Discovery([str(inst.log)], [inst.control], netns=inst.ns)

@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 from . import errors
 from .kernel.backend import KernelBackend, PPPChannel
@@ -129,7 +129,7 @@ class Orchestrator:
         tunnel: Optional[TunnelSpec] = None,
         *,
         connect_ppp: bool = False,
-        hand_off: Optional[Callable[[PPPChannel, dict], None]] = None,
+        hand_off: Optional[Callable[[PPPChannel, dict[str, int]], None]] = None,
     ) -> AddSessionResult:
         """Create ``session`` (and ``tunnel`` first, if given and missing).
 
@@ -187,7 +187,7 @@ class Orchestrator:
         return False
 
     def ensure_session(self, session: SessionSpec, tunnel: Optional[TunnelSpec], present: bool = True, *,
-                       check: bool = False, tunnel_too: bool = True) -> dict:
+                       check: bool = False, tunnel_too: bool = True) -> dict[str, object]:
         """Desired state for configuration management (the Ansible module).
 
         ``present``: the session exists as ``session`` says (its tunnel made
@@ -196,7 +196,7 @@ class Orchestrator:
         (with ``tunnel_too``, its tunnel too once empty).  ``check``: only
         say what would change.  Returns changed/before/after, where
         before/after describe the session (None: none)."""
-        def describe(s: Optional[Session]) -> Optional[dict]:
+        def describe(s: Optional[Session]) -> Optional[dict[str, object]]:
             if s is None:
                 return None
             return {"tunnel_id": s.tunnel_id, "session_id": s.session_id, "peer_session_id": s.peer_session_id,
@@ -247,7 +247,7 @@ class Orchestrator:
         return self.backend.session_get(tunnel_id, session_id)
 
 
-def _meta(t: Tunnel, s: Session, channel: int) -> dict:
+def _meta(t: Tunnel, s: Session, channel: int) -> dict[str, int]:
     return {
         "tunnel_id": t.tunnel_id,
         "peer_tunnel_id": t.peer_tunnel_id,
@@ -258,7 +258,7 @@ def _meta(t: Tunnel, s: Session, channel: int) -> dict:
     }
 
 
-def meta_bytes(meta: dict) -> bytes:
+def meta_bytes(meta: Mapping[str, object]) -> bytes:
     return json.dumps(meta, sort_keys=True).encode()
 
 

@@ -114,7 +114,7 @@ _ST = re.compile(r"^STATUS tunnels\.(\d{1,6})\.(id|peer|calls\.(\d{1,6})\.(id|tx
 
 def parse_status_lns(reply: Reply) -> list[StatusTunnel]:
     tunnels: dict[int, StatusTunnel] = {}
-    calls: dict[tuple[int, int], dict] = {}
+    calls: dict[tuple[int, int], dict[str, int]] = {}
     for ln in reply.lines[1:]:
         m = _ST.match(ln)
         if not m:

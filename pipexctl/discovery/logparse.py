@@ -30,7 +30,10 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
+
+if TYPE_CHECKING:
+    from .checkpoint import ParserState
 
 # ---------------------------------------------------------------- records
 
@@ -209,11 +212,13 @@ Record = Union[
 IP = r"(?P<peer>[0-9a-fA-F:.]{2,45})"
 N = r"(\d{1,10})"
 
-_PATTERNS: list[tuple[str, re.Pattern, Callable[[re.Match, Optional[int]], "Record"]]] = []
+# a pattern's handler: the match and the line's pid to its record
+Handler = Callable[[re.Match[str], Optional[int]], Record]
+_PATTERNS: list[tuple[str, re.Pattern[str], Handler]] = []
 
 
-def _p(prefix: str, regex: str):
-    def deco(fn):
+def _p(prefix: str, regex: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
         _PATTERNS.append((prefix, re.compile(regex), fn))
         return fn
 
@@ -234,37 +239,37 @@ def _id(text: str, what: str, top: int = 0xFFFF) -> int:
 
 
 @_p("xl2tpd version ", r"xl2tpd version (?P<v>\S{1,64}) started on .{0,255} PID:(?P<pid>\d{1,10})$")
-def _started(m, pid):
+def _started(m: re.Match[str], pid: Optional[int]) -> Started:
     return Started(m["v"], int(m["pid"]), pid=pid)
 
 
 @_p("Using l2tp kernel support.", r"Using l2tp kernel support\.$")
-def _kyes(m, pid):
+def _kyes(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(True, pid=pid)
 
 
 @_p("Not looking for kernel support.", r"Not looking for kernel support\.$")
-def _kno(m, pid):
+def _kno(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(False, pid=pid)
 
 
 @_p("L2TP kernel support not detected", r"L2TP kernel support not detected")
-def _knot(m, pid):
+def _knot(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(False, pid=pid)
 
 
 @_p("This binary does not support kernel L2TP.", r"This binary does not support kernel L2TP\.$")
-def _kunsupported(m, pid):
+def _kunsupported(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(False, pid=pid)
 
 
 @_p("Listening on IP address ", r"Listening on IP address (?P<a>[0-9a-fA-F:.]{2,45}), port (?P<port>\d{1,5})$")
-def _listening(m, pid):
+def _listening(m: re.Match[str], pid: Optional[int]) -> Listening:
     return Listening(_addr(m["a"]), _id(m["port"], "port"), pid=pid)
 
 
 @_p("Connecting to host ", rf"Connecting to host {IP}, port (?P<port>\d{{1,5}})$")
-def _connecting(m, pid):
+def _connecting(m: re.Match[str], pid: Optional[int]) -> Connecting:
     return Connecting(_addr(m["peer"]), _id(m["port"], "port"), pid=pid)
 
 
@@ -273,7 +278,7 @@ def _connecting(m, pid):
     rf"Connection established to {IP}, (?P<port>\d{{1,5}})\.  Local: (?P<l>\d{{1,10}}), Remote: (?P<r>\d{{1,10}}) "
     r"\(ref=\d{1,10}/\d{1,10}\)\.(?:  LNS session is '(?P<sect>[^']{0,128})')?$",
 )
-def _tun_est(m, pid):
+def _tun_est(m: re.Match[str], pid: Optional[int]) -> TunnelEstablished:
     return TunnelEstablished(
         _addr(m["peer"]), _id(m["port"], "port"), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"),
         m["sect"], pid=pid,
@@ -281,7 +286,7 @@ def _tun_est(m, pid):
 
 
 @_p("Calling on tunnel ", r"Calling on tunnel (?P<t>\d{1,10})$")
-def _calling(m, pid):
+def _calling(m: re.Match[str], pid: Optional[int]) -> CallingOnTunnel:
     return CallingOnTunnel(_id(m["t"], "tunnel id"), pid=pid)
 
 
@@ -290,7 +295,7 @@ def _calling(m, pid):
     rf"Call established with {IP}, (?:PID: (?P<pp>\d{{1,10}}), )?Local: (?P<l>\d{{1,10}}), Remote: (?P<r>\d{{1,10}}), "
     r"Serial: (?P<s>\d{1,10})(?: \(ref=\d{1,10}/\d{1,10}\))?$",
 )
-def _call_est(m, pid):
+def _call_est(m: re.Match[str], pid: Optional[int]) -> CallEstablished:
     pp = int(m["pp"]) if m["pp"] is not None else None
     if pp is not None and not 0 < pp < 2**22:
         raise ValueError(f"pppd pid {pp} out of range")
@@ -305,25 +310,25 @@ def _call_est(m, pid):
     rf"control_finish: Connection closed to {IP}, (?:port (?P<port>\d{{1,5}}) \((?P<why>.{{0,256}})\), "
     r"Local: (?P<l>\d{1,10}), Remote: (?P<r>\d{1,10})|serial (?P<s>\d{1,10}) \((?P<why2>.{0,256})\))$",
 )
-def _ctl_closed(m, pid):
+def _ctl_closed(m: re.Match[str], pid: Optional[int]) -> Union[CallClosed, TunnelClosed]:
     if m["s"] is not None:
         return CallClosed(_addr(m["peer"]), serial=_id(m["s"], "serial", 0xFFFFFFFF), reason=m["why2"], pid=pid)
     return TunnelClosed(_addr(m["peer"]), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), m["why"], pid=pid)
 
 
 @_p("Connection ", rf"Connection (?P<r>\d{{1,10}}) closed to {IP}, port (?P<port>\d{{1,5}}) \((?P<why>.{{0,256}})\)$")
-def _conn_closed(m, pid):
+def _conn_closed(m: re.Match[str], pid: Optional[int]) -> TunnelClosed:
     # xl2tpd prints the peer's tunnel id here
     return TunnelClosed(_addr(m["peer"]), None, _id(m["r"], "peer tunnel id"), m["why"], pid=pid)
 
 
 @_p("Disconnecting from ", rf"Disconnecting from {IP}, Local: (?P<l>\d{{1,10}}), Remote: (?P<r>\d{{1,10}})$")
-def _disc(m, pid):
+def _disc(m: re.Match[str], pid: Optional[int]) -> Disconnecting:
     return Disconnecting(_addr(m["peer"]), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), pid=pid)
 
 
 @_p("call_close: Call ", rf"call_close: Call (?P<c>\d{{1,10}}) to {IP} disconnected$")
-def _call_close(m, pid):
+def _call_close(m: re.Match[str], pid: Optional[int]) -> CallClosed:
     return CallClosed(_addr(m["peer"]), call_id=_id(m["c"], "call id"), pid=pid)
 
 
@@ -332,7 +337,7 @@ def _call_close(m, pid):
     r"child_handler : pppd (?:exited for call (?P<c>\d{1,10}) with code (?P<code>-?\d{1,10})"
     r"|terminated for call (?P<c2>\d{1,10}) by signal (?P<sig>\d{1,3}))$",
 )
-def _child(m, pid):
+def _child(m: re.Match[str], pid: Optional[int]) -> CallClosed:
     c = m["c"] if m["c"] is not None else m["c2"]
     why = f"pppd exited with code {m['code']}" if m["code"] is not None else f"pppd killed by signal {m['sig']}"
     # xl2tpd prints c->cid here: the peer's call id
@@ -340,7 +345,7 @@ def _child(m, pid):
 
 
 @_p("child_handler : pppd exited for call ", r"child_handler : pppd exited for call (?P<c>\d{1,10}) for unknown reason$")
-def _child_unknown(m, pid):
+def _child_unknown(m: re.Match[str], pid: Optional[int]) -> CallClosed:
     return CallClosed(None, peer_call_id=_id(m["c"], "peer call id"), reason="pppd exited", pid=pid)
 
 
@@ -348,7 +353,7 @@ def _child_unknown(m, pid):
     "lac_hangup :Hanging up call ",
     r"lac_hangup :Hanging up call (?P<s>\d{1,10}), Local: (?P<l>\d{1,10}), Remote: (?P<r>\d{1,10})$",
 )
-def _hangup(m, pid):
+def _hangup(m: re.Match[str], pid: Optional[int]) -> CallClosed:
     return CallClosed(None, call_id=_id(m["l"], "call id"), peer_call_id=_id(m["r"], "peer call id"),
                       serial=_id(m["s"], "serial", 0xFFFFFFFF), reason="hung up", pid=pid)
 
@@ -358,7 +363,7 @@ def _hangup(m, pid):
     r"parameters: Local: (?P<l>\d{1,10}) , Remote: (?P<r>\d{1,10}) , Serial: (?P<s>\d{1,10}) , "
     r"Pid: (?P<pp>\d{1,10}) , Tunnelid: (?P<t>\d{1,10}) , Phoneid: .{0,128}$",
 )
-def _outgoing(m, pid):
+def _outgoing(m: re.Match[str], pid: Optional[int]) -> CallEstablished:
     pp = int(m["pp"])
     return CallEstablished("0.0.0.0", _id(m["l"], "call id"), _id(m["r"], "peer call id"),
                            _id(m["s"], "serial", 0xFFFFFFFF), pp or None, _id(m["t"], "tunnel id"), pid=pid)
@@ -368,22 +373,22 @@ def _outgoing(m, pid):
     "Unable to deliver closing message for tunnel ",
     r"Unable to deliver closing message for tunnel (?P<t>\d{1,10})\. Destroying anyway\.$",
 )
-def _undeliverable(m, pid):
+def _undeliverable(m: re.Match[str], pid: Optional[int]) -> TunnelClosed:
     return TunnelClosed("0.0.0.0", _id(m["t"], "tunnel id"), None, "closing message undeliverable", pid=pid)
 
 
 @_p("Terminating pppd: sending TERM signal to pid ", r"Terminating pppd: sending TERM signal to pid (?P<p>\d{1,10})$")
-def _term(m, pid):
+def _term(m: re.Match[str], pid: Optional[int]) -> PppdTerminating:
     return PppdTerminating(int(m["p"]), pid=pid)
 
 
 @_p("Maximum retries exceeded for tunnel ", r"Maximum retries exceeded for tunnel (?P<t>\d{1,10})\.  Closing\.$")
-def _maxretry(m, pid):
+def _maxretry(m: re.Match[str], pid: Optional[int]) -> MaxRetries:
     return MaxRetries(_id(m["t"], "tunnel id"), pid=pid)
 
 
 @_p("death_handler: Fatal signal ", r"death_handler: Fatal signal (?P<s>\d{1,3}) received$")
-def _death(m, pid):
+def _death(m: re.Match[str], pid: Optional[int]) -> DaemonExiting:
     return DaemonExiting(int(m["s"]), pid=pid)
 
 
@@ -392,7 +397,7 @@ def _death(m, pid):
     rf"Tunnel (?P<sect>[^,]{{0,128}}), ID = (?P<l>\d{{1,10}}) \(local\), (?P<r>\d{{1,10}}) \(remote\) to "
     rf"{IP}:(?P<port>\d{{1,5}}), ",
 )
-def _st_tunnel(m, pid):
+def _st_tunnel(m: re.Match[str], pid: Optional[int]) -> StatusTunnel:
     return StatusTunnel(m["sect"], _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), _addr(m["peer"]),
                         _id(m["port"], "port"), pid=pid)
 
@@ -402,7 +407,7 @@ def _st_tunnel(m, pid):
     r"Call (?P<sect>[^#]{0,128}) # \d{1,10}, ID = (?P<l>\d{1,10}) \(local\), (?P<r>\d{1,10}) \(remote\), "
     r"serno = (?P<s>\d{1,10}), ",
 )
-def _st_call(m, pid):
+def _st_call(m: re.Match[str], pid: Optional[int]) -> StatusCall:
     return StatusCall(m["sect"].rstrip(), _id(m["l"], "call id"), _id(m["r"], "peer call id"),
                       _id(m["s"], "serial", 0xFFFFFFFF), pid=pid)
 
@@ -497,13 +502,13 @@ class LineParser:
         self.unparsed = 0
         self.malformed = 0
 
-    def state(self):
+    def state(self) -> ParserState:
         from .checkpoint import ParserState
 
         return ParserState(argv=list(self._argv) if self._argv is not None else None, argv_pid=self._argv_pid,
                            last_pid=self.last_pid)
 
-    def restore(self, st) -> None:
+    def restore(self, st: ParserState) -> None:
         self._argv = list(st.argv) if st.argv is not None else None
         self._argv_pid, self.last_pid = st.argv_pid, st.last_pid
 
@@ -599,7 +604,7 @@ def _with_ts(rec: Record, ts: float) -> Record:
     return dataclasses.replace(rec, ts=ts)
 
 
-def parse_lines(lines, identifier: str = "xl2tpd") -> list[Record]:
+def parse_lines(lines: Iterable[str], identifier: str = "xl2tpd") -> list[Record]:
     p = LineParser(identifier)
     out: list[Record] = []
     for ln in lines:

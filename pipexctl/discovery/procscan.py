@@ -39,7 +39,7 @@ class Proc:
 
     @property
     def argv_tunnel_session(self) -> tuple[Optional[int], Optional[int]]:
-        def num(name):
+        def num(name: str) -> Optional[int]:
             try:
                 return int(self.argv[self.argv.index(name) + 1])
             except (ValueError, IndexError):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
 
 from .. import defaults, errors
 
 
-def ask(socket_path: str = defaults.SERVE_SOCKET, request: dict | None = None, timeout: float = 30) -> dict:
+def ask(socket_path: str = defaults.SERVE_SOCKET, request: dict[str, Any] | None = None,
+        timeout: float = 30) -> dict[str, Any]:
     """Send ``request`` (default ``{"op": "status"}``); the reply, or SocketError."""
     request = request or {"op": "status"}
     try:

@@ -60,7 +60,7 @@ class DataPath(Protocol):
 
     def settle(self) -> None: ...
 
-    def stats(self) -> dict: ...
+    def stats(self) -> dict[str, int]: ...
 
     def close(self) -> None: ...
 
@@ -70,7 +70,8 @@ def _route_source(peer: str, peer_port: int) -> str:
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.connect((peer, peer_port))
-        return probe.getsockname()[0]
+        host: str = probe.getsockname()[0]  # AF_INET: (host, port)
+        return host
     except OSError as e:
         raise errors.SocketError(f"no route to {peer}: {e.strerror}") from None
     finally:
@@ -185,7 +186,7 @@ class KernelDataPath:
         if self.steer_twins or self.steering.twins:
             errors.quietly(self.steering.settle, log)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         r = self.relay
         return {"relayed": r.relayed, "dropped": r.dropped, "errors": r.errors, "twins": len(self.steering.twins),
                 "steering_restored": self.steering.restored}
@@ -233,7 +234,7 @@ class NullDataPath:
     def settle(self) -> None:
         pass
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return {"relayed": 0, "dropped": 0, "errors": 0, "twins": sum(t for t, _ in self.tunnels.values()),
                 "steering_restored": 0}
 

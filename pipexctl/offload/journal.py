@@ -25,7 +25,7 @@ SOCKET = "/run/systemd/journal/socket"
 _PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
 
 
-def encode(fields: dict) -> bytes:
+def encode(fields: dict[str, object]) -> bytes:
     out = bytearray()
     for k, v in fields.items():
         b = str(v).encode("utf-8", "replace")

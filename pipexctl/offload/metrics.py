@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -18,12 +18,18 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     InfoMetricFamily,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from .service import OffloadService
 
 SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
 
 
-def families(m: dict) -> Iterator:
+def families(m: dict[str, Any]) -> Iterator[Metric]:
     """Prometheus metric families from one ``metrics()`` snapshot."""
     from .. import __version__
 
@@ -97,12 +103,12 @@ class ServeCollector(Collector):
 
     MIN_INTERVAL = 1.0
 
-    def __init__(self, service) -> None:
+    def __init__(self, service: OffloadService) -> None:
         self.service = service
         self._lock = threading.Lock()
-        self._cache: tuple[float, list] = (float("-inf"), [])
+        self._cache: tuple[float, list[Metric]] = (float("-inf"), [])
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         with self._lock:
             at, fams = self._cache
             if time.monotonic() - at >= self.MIN_INTERVAL:
@@ -120,7 +126,7 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def start(service, listen: str):
+def start(service: OffloadService, listen: str) -> WSGIServer:
     """Serve /metrics on ``listen`` in a thread; returns the HTTP server."""
     from prometheus_client import start_http_server
 

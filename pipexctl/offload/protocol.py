@@ -69,7 +69,7 @@ def parse_request(data: bytes) -> tuple[Optional[Request], Optional[str]]:
         return None, "malformed_request"
 
 
-def reply(ok: bool, **fields) -> bytes:
+def reply(ok: bool, **fields: object) -> bytes:
     """One reply line, ``ok`` first."""
     return json.dumps({"ok": ok, **fields}).encode() + b"\n"
 

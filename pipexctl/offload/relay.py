@@ -153,7 +153,7 @@ class Relay:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    def _change(self, change) -> None:
+    def _change(self, change: tuple[str, Any, tuple[int, Optional[Key]]]) -> None:
         with self._lock:
             self._pending.append(change)
         self._kick()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import errors
 
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from .service import OffloadService
 
 
-def status(svc: "OffloadService") -> dict:
+def status(svc: "OffloadService") -> dict[str, Any]:
     calls = svc.watch.calls()
     with svc.lock:
         owned = {(t.instance, t.tunnel_id, cid) for t in svc.tunnels.values() for cid in t.records}
@@ -37,7 +37,7 @@ def status(svc: "OffloadService") -> dict:
         }
 
 
-def metrics(svc: "OffloadService") -> dict:
+def metrics(svc: "OffloadService") -> dict[str, Any]:
     """The numbers behind ``--metrics`` (Prometheus) and ``pipexctl stat --serve``.
 
     Calls known to discovery by role and data path; what the daemon owns;
@@ -87,7 +87,7 @@ def metrics(svc: "OffloadService") -> dict:
 
 
 
-def histogram(svc: "OffloadService") -> dict:
+def histogram(svc: "OffloadService") -> dict[str, object]:
     """Cumulative counts per upper bound (seconds), as Prometheus wants them."""
     from .service import LATENCY_BUCKETS
 
@@ -100,7 +100,7 @@ def histogram(svc: "OffloadService") -> dict:
     return {"buckets": buckets, "sum": total, "count": cum}
 
 
-def percentiles(xs: list[float]) -> dict:
+def percentiles(xs: list[float]) -> dict[str, float]:
     """p50/p99/max of request -> channel sent (the last 1,000 offloads)."""
     if not xs:
         return {"n": 0}

@@ -24,7 +24,7 @@ from typing import MutableMapping, Optional
 LISTEN_FDS_START = 3
 
 
-def listen_socket(env: Optional[dict] = None) -> Optional[socket.socket]:
+def listen_socket(env: Optional[MutableMapping[str, str]] = None) -> Optional[socket.socket]:
     """The listening socket systemd passed, or None when not socket-activated.
 
     The variables are removed from the environment so no child inherits them."""

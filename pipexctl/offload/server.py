@@ -27,11 +27,12 @@ import socket
 import struct
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from .. import defaults, errors
 from ..discovery import procscan
 from ..discovery.discovery import Discovery
+from ..discovery.state import Event
 from ..kernel.backend import KernelBackend
 from . import paths, reconcile, sdnotify
 from .datapath import DataPath
@@ -195,7 +196,7 @@ class OffloadServer:
             self._pinged = now
             sdnotify.notify("WATCHDOG=1", f"STATUS=serving; {self._summary()}")
 
-    def _reloaded(self, events: list) -> None:
+    def _reloaded(self, events: list[Event]) -> None:
         sdnotify.notify("RELOADING=1")
         try:
             with self.service.lock:
@@ -267,7 +268,7 @@ class OffloadServer:
                 os.close(fd)
             conn.close()
 
-    def _reply(self, conn: socket.socket, obj: dict, fds: Optional[list[int]] = None) -> None:
+    def _reply(self, conn: socket.socket, obj: dict[str, Any], fds: Optional[list[int]] = None) -> None:
         data = reply(**obj)
         if not fds:
             conn.sendall(data)
@@ -331,14 +332,14 @@ class OffloadServer:
             self._reply(conn, {"ok": False, "error": f"no xl2tpd call for pppd {pid} within {self.wait:.0f} s: {why}"})
             return False
 
-        def hand_off(meta: dict, fds: list) -> None:
+        def hand_off(meta: dict[str, object], fds: list[int]) -> None:
             if not _running(pidfd):  # the pppd that asked is gone: undo, send nothing
                 raise errors.NotFoundError(f"pppd {pid} exited before its channel was sent")
             self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1, "v": VERSION}, fds=fds)
             if acks:
                 self._await_ack(conn, pid)
 
-        timing: dict = {}
+        timing: dict[str, float] = {}
         try:
             ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing)
         except (errors.PipexError, OSError) as e:

@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any, Callable
 
 from .lab import Lab, fd_kinds, kernel_objects, open_fds, plugin_options
 from .probe import ppp_inet_links, wait_until
@@ -34,7 +35,7 @@ from .probe import ppp_inet_links, wait_until
 KINDS = ("lac-disconnect", "pppd-kill", "lns-hangup")
 
 
-def _wait(pred, what: str, lab: Lab, timeout: float) -> None:
+def _wait(pred: Callable[[], object], what: str, lab: Lab, timeout: float) -> None:
     wait_until(pred, what, timeout, detail=lambda: lab.tails(800), interval=0.2)
 
 
@@ -42,15 +43,15 @@ def _ppp_up(ns: str) -> int:
     return len(ppp_inet_links(ns))
 
 
-def _no_calls(inst_objects: dict) -> bool:
+def _no_calls(inst_objects: dict[str, int]) -> bool:
     """No call left in the kernel: tunnels may stay (xl2tpd keeps them), and
     with them the steering of twins (a second tunnel per address pair)."""
     o = inst_objects
-    return all(v == 0 for k, v in o.items() if k not in ("tunnels", "nft_rules")) and (o["tunnels"] or not o["nft_rules"])
+    return all(v == 0 for k, v in o.items() if k not in ("tunnels", "nft_rules")) and (o["tunnels"] > 0 or not o["nft_rules"])
 
 
-def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=None,
-          max_seconds: float | None = None) -> dict:
+def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds: tuple[str, ...] = KINDS,
+          progress: Callable[[str], None] | None = None, max_seconds: float | None = None) -> dict[str, Any]:
     """Run at least ``cycles`` call cycles; return the counts (see module doc).
 
     ``max_seconds``: start no new round after that long (the report then
@@ -63,7 +64,7 @@ def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=N
     rounds = max(1, -(-cycles // per_round))
     lab = Lab(kernel_mode=False, sections=sections).setup(lacs)
     insts = [lab.lns, *lab.lacs]
-    report: dict = {"lacs": lacs, "sections": sections, "rounds": 0, "cycles": 0,
+    report: dict[str, Any] = {"lacs": lacs, "sections": sections, "rounds": 0, "cycles": 0,
                     "faults": {k: 0 for k in kinds}, "round_seconds": []}
     try:
         lab.start_all(plugin_options() + "pipexctl_timeout 30\n")
@@ -150,7 +151,7 @@ def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds=KINDS, progress=N
         lab.teardown(keep_as="churn")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cycles", type=int, default=1000)
     ap.add_argument("--lacs", type=int, default=2)

@@ -47,7 +47,7 @@ def wire_counter(ns: str, dev: str) -> None:
         raise RuntimeError(f"nft in {ns}: {r.stderr.strip()}")
 
 
-def wire_counts(ns: str) -> dict:
+def wire_counts(ns: str) -> dict[str, int]:
     """{"cleartext": packets, "esp": packets} counted by wire_counter()."""
     doc = json.loads(_sh("ip", "netns", "exec", ns, "nft", "-j", "list", "table", "netdev", "wire"))["nftables"]
     counts = {"cleartext": 0, "esp": 0}

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 
 from .probe import ip_json
 
@@ -48,7 +48,7 @@ class Instance:
     local: str
     peer: str = ""
     port: int = 1701  # its xl2tpd's UDP port
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     log_file: Optional[BinaryIO] = None
 
     @property
@@ -71,10 +71,10 @@ class Lab:
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:5])
     _lns: Instance | None = None  # made by setup(): read it as `lns`
     lacs: list[Instance] = field(default_factory=list)
-    serves: list = field(default_factory=list)
+    serves: list[subprocess.Popen[bytes]] = field(default_factory=list)
     sections: int = 1  # [lac] sections per LAC, each its own tunnel: "lns", "lns2", ...
     lns_global: str = ""  # extra [global] lines of the LNS's xl2tpd.conf
-    lns_env: dict = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
+    lns_env: dict[str, str] = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
     ppp_opts: str = PPP_OPTS_COMMON  # the first lines of every pppd options file
     lac_kernel_mode: bool | None = None  # the LACs' xl2tpd mode when it differs from the LNS's
     lac_extra_pppd: str | None = None  # the LACs' pppd lines when they differ from the LNS's (write_configs)
@@ -92,7 +92,7 @@ class Lab:
         lns = [self._lns] if self._lns is not None else []
         return [*self.lacs, *lns] if lacs_first else [*lns, *self.lacs]
 
-    def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _sh(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
 
     # ---- topology
@@ -189,19 +189,19 @@ pppoptfile = {lac.dir}/options
     def serve_socket(self, inst: Instance) -> str:
         return f"/run/pipexctl-{inst.ns}/serve.sock"
 
-    def serve_status(self, inst: Instance) -> dict:
+    def serve_status(self, inst: Instance) -> dict[str, Any]:
         """The daemon's ``status`` reply (tunnels, stats, reconcile, latency)."""
         from ..offload.client import ask
 
         return ask(self.serve_socket(inst), {"op": "status"})
 
-    def serve(self, inst: Instance, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    def serve(self, inst: Instance, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start `pipexctl serve` in ``inst``'s namespace, following its xl2tpd
         (``env``: added to its environment)."""
         return self.serve_all([inst], *extra, env=env)[0]
 
     def serve_all(self, insts: list[Instance] | None = None, *extra: str,
-                  env: dict | None = None) -> list[subprocess.Popen]:
+                  env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
         """Start one `pipexctl serve` per instance at once (default: all), then
         wait until each accepts (Python starts slowly under TCG: ~10 s each)."""
         import sys
@@ -338,7 +338,7 @@ pppoptfile = {lac.dir}/options
     def __enter__(self) -> "Lab":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.teardown()
 
     def tails(self, chars: int = 1500) -> str:
@@ -360,7 +360,7 @@ pppoptfile = {lac.dir}/options
                     shutil.copy(inst.dir / extra, dest / f"{inst.name}-{extra}")
 
 
-def kernel_objects(ns: str) -> dict:
+def kernel_objects(ns: str) -> dict[str, int]:
     """What independent tools see in ``ns``: iproute2's L2TP tunnels and
     sessions, /proc/net/pppol2tp's PPP sessions, nft's steering rules, PPP
     links."""
@@ -407,7 +407,7 @@ def fd_kinds(pid: int) -> dict[str, int]:
                         inodes[parts[col]] = proto
         except (OSError, StopIteration):
             pass
-    out: collections.Counter = collections.Counter()
+    out: collections.Counter[str] = collections.Counter()
     for f in os.listdir(f"/proc/{pid}/fd"):
         try:
             t = os.readlink(f"/proc/{pid}/fd/{f}")
@@ -465,11 +465,12 @@ def wait_ppp(ns: str, timeout: float = 40) -> bool:
 
 def iperf(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1, reverse: bool = False) -> float:
     """iperf3 TCP throughput in Mbit/s (received), server in ``server_ns``."""
-    return iperf_received(server_ns, client_ns, addr, seconds, streams, reverse)["bits_per_second"] / 1e6
+    bps: float = iperf_received(server_ns, client_ns, addr, seconds, streams, reverse)["bits_per_second"]
+    return bps / 1e6
 
 
 def iperf_received(server_ns: str, client_ns: str, addr: str, seconds: int, streams: int = 1,
-                   reverse: bool = False) -> dict:
+                   reverse: bool = False) -> dict[str, Any]:
     """iperf3's ``end.sum_received`` (bytes, bits_per_second, ...) of one TCP run, with its own server."""
     with iperf_server(server_ns, addr):
         return iperf_client(client_ns, addr, seconds, streams, reverse)
@@ -479,7 +480,7 @@ IPERF_PORT = 5201
 
 
 @contextlib.contextmanager
-def iperf_server(ns: str, addr: str, timeout: float = 10):
+def iperf_server(ns: str, addr: str, timeout: float = 10) -> Iterator[subprocess.Popen[str]]:
     """One iperf3 server in ``ns`` on ``addr`` for any number of client runs
     (iperf3 serves them one after another); stopped on exit.  Returns once
     the server listens, instead of sleeping a fixed time."""
@@ -507,7 +508,8 @@ def iperf_server(ns: str, addr: str, timeout: float = 10):
             srv.communicate()
 
 
-def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1, reverse: bool = False) -> dict:
+def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1,
+                 reverse: bool = False) -> dict[str, Any]:
     """One iperf3 TCP run from ``client_ns`` to a server on ``addr`` (see iperf_server):
     iperf3's ``end.sum_received``.  A failed run raises RuntimeError with iperf3's own error."""
     import json
@@ -523,5 +525,6 @@ def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1, reve
         raise RuntimeError(f"iperf3 -c {addr}: no JSON (status {r.returncode}): {r.stderr.strip()[-300:]}") from None
     if "error" in doc or "sum_received" not in doc.get("end", {}):
         raise RuntimeError(f"iperf3 -c {addr}: {doc.get('error', 'no end.sum_received in its report')}")
-    return doc["end"]["sum_received"]
+    received: dict[str, Any] = doc["end"]["sum_received"]
+    return received
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from typing import Any, Callable
 
 INTERRUPTED = "Dump was interrupted"
 
@@ -20,7 +21,7 @@ class ProbeError(RuntimeError):
     pass
 
 
-def ip_json(ns: str | None, *args: str, tries: int = 20) -> list:
+def ip_json(ns: str | None, *args: str, tries: int = 20) -> list[Any]:
     """``ip [-n ns] -j ARGS`` as parsed JSON; a dump the kernel marked
     interrupted is taken again (up to ``tries`` times)."""
     cmd = ["ip", *(["-n", ns] if ns else []), "-j", *args]
@@ -33,7 +34,8 @@ def ip_json(ns: str | None, *args: str, tries: int = 20) -> list:
             continue
         if r.returncode != 0:
             raise ProbeError(f"{' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
-        return json.loads(r.stdout or "[]")
+        out: list[Any] = json.loads(r.stdout or "[]")
+        return out
     raise ProbeError(f"{' '.join(cmd)}: {last} {tries} times in a row")
 
 
@@ -48,7 +50,8 @@ def ppp_inet_links(ns: str) -> list[str]:
     return list(ppp_peer_addrs(ns))
 
 
-def wait_until(pred, what: str, timeout: float = 60, detail=lambda: "", interval: float = 0.1) -> None:
+def wait_until(pred: Callable[[], object], what: str, timeout: float = 60, detail: Callable[[], str] = lambda: "",
+               interval: float = 0.1) -> None:
     """Poll ``pred`` until true; else AssertionError naming ``what``, with ``detail()`` appended."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:

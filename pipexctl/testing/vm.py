@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 # Modules the initramfs needs to reach the 9p root and build the overlay.
 # Their dependencies are resolved from modules.dep, so the order and the
@@ -191,7 +192,7 @@ class GuestResult:
     console: str = ""
     boot_seconds: float = 0.0
     total_seconds: float = 0.0
-    files: dict = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
 
 
 def find_kernel(root: Path = Path("/")) -> tuple[Path, str]:
@@ -449,7 +450,7 @@ def run_in_guest(
 
 
 class _Spinner(threading.Thread):
-    def __init__(self, text: str, booted) -> None:
+    def __init__(self, text: str, booted: Callable[[], bool]) -> None:
         super().__init__(daemon=True)
         self.text, self.booted, self._stop = text, booted, threading.Event()
 

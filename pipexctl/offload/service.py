@@ -134,30 +134,25 @@ class TunnelState:
     records: Records = field(default_factory=Records)  # by call id: the offloaded sessions
     xl2tpd_pid: Optional[int] = None  # the verified parent of its pppds (None: not known, an old record)
     down: Optional[str] = None  # discovery said it ended while pppds still ran: why
-    _head: Optional[TunnelRecord] = field(default=None, init=False, repr=False, compare=False)
+    _head: Optional[bytes] = field(default=None, init=False, repr=False, compare=False)  # its own fields, encoded
 
     def __post_init__(self) -> None:
         if not isinstance(self.records, Records):
             self.records = Records(self.records)
 
-    def record(self) -> TunnelRecord:
+    def record(self, sessions: bool = True) -> TunnelRecord:
         return TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id, peer_tunnel_id=self.peer_tunnel_id,
                             local=self.local, peer=self.peer, peer_port=self.peer_port,
-                            local_port=self.local_port, sessions=list(self.records.values()),
+                            local_port=self.local_port, sessions=list(self.records.values()) if sessions else [],
                             xl2tpd_pid=self.xl2tpd_pid)
 
-    def encoded(self) -> bytes:
-        """The tunnel as the state file has it (its sessions encoded once each)."""
-        return statefile.encode_tunnel(self.record_head(), self.records.encoded.values())
-
-    def record_head(self) -> TunnelRecord:
-        """The tunnel's record without its sessions (validated once, at its first encoding)."""
+    def encoded(self) -> statefile.EncodedTunnel:
+        """The tunnel as the state file has it: its fields encoded once, its
+        sessions as each was encoded when recorded (a copy of the list: the
+        write joins them later, without the lock)."""
         if self._head is None:
-            self._head = TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id,
-                                      peer_tunnel_id=self.peer_tunnel_id, local=self.local, peer=self.peer,
-                                      peer_port=self.peer_port, local_port=self.local_port,
-                                      xl2tpd_pid=self.xl2tpd_pid)
-        return self._head
+            self._head = statefile.encode_tunnel_head(self.record(sessions=False))
+        return statefile.EncodedTunnel(self._head, list(self.records.encoded.values()))
 
 
 TunnelKey = tuple[str, int]  # (xl2tpd instance, tunnel id)
@@ -173,7 +168,7 @@ class TunnelTable(dict[TunnelKey, TunnelState]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._encoded: dict[TunnelKey, bytes] = {}
+        self._encoded: dict[TunnelKey, statefile.EncodedTunnel] = {}
         self._dirty: set[TunnelKey] = set()
         self._on: collections.Counter[Addresses] = collections.Counter()
 
@@ -217,7 +212,7 @@ class TunnelTable(dict[TunnelKey, TunnelState]):
         """How many tunnels have these addresses and ports."""
         return self._on.get(addresses, 0)
 
-    def encoded(self) -> list[bytes]:
+    def encoded(self) -> list[statefile.EncodedTunnel]:
         """Every tunnel as the state file has it; only the changed ones are encoded again."""
         for key in self._dirty:
             ts = self.get(key)

@@ -130,12 +130,31 @@ def encode_session(rec: SessionRecord) -> bytes:
     return _json({f: getattr(rec, f) for f in _SESSION_FIELDS})
 
 
-def encode_tunnel(rec: TunnelRecord, sessions: Optional[Iterable[bytes]] = None) -> bytes:
-    """``rec`` as it stands in the file; ``sessions``: its sessions already
-    encoded (``encode_session``), in place of ``rec.sessions``."""
-    head = _json({f: getattr(rec, f) for f in _TUNNEL_FIELDS})
-    parts = sessions if sessions is not None else (encode_session(s) for s in rec.sessions)
-    return head[:-1] + b',"sessions":[' + b",".join(parts) + b"]}"
+class EncodedTunnel:
+    """A tunnel as the file has it, not yet joined: its own fields (JSON
+    without the closing brace) and its sessions (``encode_session`` each).
+    Joined by the first write that needs it, outside the daemon's lock, and
+    kept: a write re-joins only the tunnels that changed."""
+
+    __slots__ = ("head", "sessions", "_joined")
+
+    def __init__(self, head: bytes, sessions: list[bytes]) -> None:
+        self.head, self.sessions = head, sessions
+        self._joined: Optional[bytes] = None
+
+    def json(self) -> bytes:
+        if self._joined is None:
+            self._joined = b"".join((self.head, b',"sessions":[', b",".join(self.sessions), b"]}"))
+        return self._joined
+
+
+def encode_tunnel_head(rec: TunnelRecord) -> bytes:
+    """``rec``'s own fields (not its sessions), as the start of its JSON object."""
+    return _json({f: getattr(rec, f) for f in _TUNNEL_FIELDS})[:-1]
+
+
+def encode_tunnel(rec: TunnelRecord) -> EncodedTunnel:
+    return EncodedTunnel(encode_tunnel_head(rec), [encode_session(s) for s in rec.sessions])
 
 
 def save(path: str, state: State) -> None:
@@ -143,13 +162,13 @@ def save(path: str, state: State) -> None:
     save_encoded(path, [encode_tunnel(t) for t in state.tunnels])
 
 
-def save_encoded(path: str, tunnels: list[bytes]) -> None:
+def save_encoded(path: str, tunnels: list[EncodedTunnel]) -> None:
     """The file of these encoded tunnels (``encode_tunnel``), by atomic
     replace (files.atomic_write)."""
     d = os.path.dirname(path) or "."
     os.makedirs(d, mode=0o700, exist_ok=True)  # made here only when missing; never chmodded
-    head = _json({"version": VERSION, "written": time.time(), "pid": os.getpid()})
-    files.atomic_write(path, head[:-1] + b',"tunnels":[' + b",".join(tunnels) + b"]}")
+    head = _json({"version": VERSION, "written": time.time(), "pid": os.getpid()})[:-1]
+    files.atomic_write(path, b"".join((head, b',"tunnels":[', b",".join(t.json() for t in tunnels), b"]}")))
 
 
 class Writer:
@@ -164,11 +183,11 @@ class Writer:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()  # one write at a time; never held while taking the daemon's lock
-        self._newest: tuple[int, Optional[list[bytes]]] = (0, None)
+        self._newest: tuple[int, Optional[list[EncodedTunnel]]] = (0, None)
         self._written = 0
         self.writes = 0
 
-    def snapshot(self, tunnels: list[bytes]) -> int:
+    def snapshot(self, tunnels: list[EncodedTunnel]) -> int:
         n = self._newest[0] + 1
         self._newest = (n, tunnels)  # one assignment: a flush reads either the old pair or the new
         return n

@@ -130,7 +130,7 @@ def test_offloads_at_once_share_state_writes_and_each_finds_its_record_on_disk(t
     def slow_save(path, tunnels):  # a write that takes time, as an fsync does under load
         time.sleep(0.05)
         real_save(path, tunnels)
-        saved.append(sum(len(json.loads(t)["sessions"]) for t in tunnels))
+        saved.append(sum(len(json.loads(t.json())["sessions"]) for t in tunnels))
 
     monkeypatch.setattr(statefile, "save_encoded", slow_save)
     path = str(tmp_path / "state.json")
@@ -189,7 +189,8 @@ def test_the_hand_encoding_is_what_the_model_writes_and_reads_back(tmp_path):
                          sessions=[SessionRecord(call_id=9, peer_call_id=0, pppd_pid=5, role="lac",
                                                  pty="/dev/pts/3")])]
     for r in recs:
-        assert json.loads(statefile.encode_tunnel(r)) == json.loads(State(tunnels=[r]).model_dump_json())["tunnels"][0]
+        assert json.loads(statefile.encode_tunnel(r).json()) == \
+            json.loads(State(tunnels=[r]).model_dump_json())["tunnels"][0]
     path = str(tmp_path / "state.json")
     statefile.save(path, State(tunnels=recs))
     st, warning = statefile.load(path)

@@ -17,16 +17,18 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO, Iterator, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Optional, Protocol, Union
 
 from pydantic import ValidationError
 
 from .. import defaults, errors
 from . import checkpoint as cpt, logparse as lp, procscan
-from .control import ControlClient, ControlError
-from .state import CallDown, CallInfo, CallUp, Event, Tracker, TunnelDown, TunnelInfo, TunnelUp
+from .control import Available, ControlClient, ControlError, StatusTunnel
+from .state import CallDown, CallInfo, CallUp, Event, Instance, Tracker, TunnelDown, TunnelInfo, TunnelUp
 
 if TYPE_CHECKING:
+    import threading
+
     from ..kernel.backend import NetlinkBackend
 
 DEFAULT_LOGS = ["/var/log/syslog", "/var/log/daemon.log", "journal:xl2tpd"]
@@ -191,7 +193,7 @@ class Journal:
         kind, _, name = spec.partition(":")
         self.spec, self.follow = spec, follow
         self._sel = ["-u", name] if kind == "journal" else ["-t", name]
-        self._p: Optional[subprocess.Popen] = None
+        self._p: Optional[subprocess.Popen[bytes]] = None
         self._following = False  # _p runs with -f
         self._caught_up = False  # what was there at the start has been read
         self._buf = b""
@@ -202,7 +204,7 @@ class Journal:
         self._backoff = 1.0
         self._retry_at = float("-inf")
 
-    def _spawn(self, follow: bool) -> subprocess.Popen:
+    def _spawn(self, follow: bool) -> subprocess.Popen[bytes]:
         # this boot only: calls of an earlier boot are gone with its kernel
         argv = ["journalctl", "-o", "json", "--no-pager", "-b", *self._sel]
         argv += ["-f", "-n", "all"] if follow else []  # -n all: with no cursor, the boot from its start
@@ -290,8 +292,8 @@ class Listed:
     """One answer of an xl2tpd's control pipe, as a claim is checked against it."""
 
     asked: float  # monotonic time the question went out
-    tunnels: frozenset  # (our tunnel id, the peer's), from `available`
-    lns_calls: frozenset  # (peer address, the peer's tunnel id, our call id), from status-lns
+    tunnels: frozenset[tuple[int, int]]  # (our tunnel id, the peer's), from `available`
+    lns_calls: frozenset[tuple[str, int, int]]  # (peer address, the peer's tunnel id, our call id), from status-lns
 
 
 @dataclass
@@ -302,13 +304,20 @@ class Source:
     control: Optional[ControlClient] = None
 
 
+# One control pipe's answer (Discovery.fetch_control): its source, when it
+# was asked (monotonic), `available` and status-lns by section, or the error
+ControlAnswer = tuple[Source, float, Optional[Available], dict[str, list[StatusTunnel]], Optional[str]]
+# A /proc scan (procscan.scan): the xl2tpd daemons, and the children of each by its pid
+Scanned = tuple[list[procscan.Proc], dict[int, list[procscan.Proc]]]
+
+
 @dataclass
 class Snapshot:
-    tunnels: list = field(default_factory=list)
-    calls: list = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
+    tunnels: list[TunnelInfo] = field(default_factory=list)
+    calls: list[CallInfo] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)  # counts, warnings, time: as_dict's JSON
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "tunnels": [t.dump() for t in self.tunnels],
             "calls": [c.dump(exclude={"pppd_argv"}) for c in self.calls],
@@ -441,7 +450,7 @@ class Discovery:
     def has_control(self, instance: str) -> bool:
         return any(s.control is not None and self._control_instance(s).name == instance for s in self.sources)
 
-    def _control_owner(self, s: Source, daemons: list) -> Optional[int]:
+    def _control_owner(self, s: Source, daemons: list[procscan.Proc]) -> Optional[int]:
         """The xl2tpd (of a /proc scan) that has ``s``'s control pipe open, if one does."""
         assert s.control is not None
         want = os.path.realpath(s.control.pipe)  # /var/run is /run on Debian
@@ -449,12 +458,12 @@ class Discovery:
         self._control_pid[s.name] = m[0] if len(m) == 1 else None
         return self._control_pid[s.name]
 
-    def _instances_of(self, s: Source) -> list:
+    def _instances_of(self, s: Source) -> list[Instance]:
         """The xl2tpd instances a source's stream holds: the first to write
         there (named as the source) and any other live one (``NAME@PID``)."""
         return [i for n, i in self.tracker.instances.items() if n == s.name or n.startswith(s.name + "@")]
 
-    def _control_instance(self, s: Source):
+    def _control_instance(self, s: Source) -> Instance:
         """The instance a source's control pipe answers for: the xl2tpd that
         has that pipe open (by /proc), which is not always the first one to
         write to a stream several xl2tpd share (a LAC's lines may come
@@ -488,11 +497,11 @@ class Discovery:
         """What xl2tpd says now beats log history (rotation, missed lines)."""
         return self.apply_control(self.fetch_control())
 
-    def fetch_control(self) -> list[tuple]:
+    def fetch_control(self) -> list[ControlAnswer]:
         """Ask every control pipe: (source, when asked, Available or None,
         status-lns by section, error or None) each.  Only I/O: the model is
         not touched, so a caller may do this without its lock."""
-        out: list[tuple] = []
+        out: list[ControlAnswer] = []
         for s in self.sources:
             if s.control is None:
                 continue
@@ -505,13 +514,14 @@ class Discovery:
                 out.append((s, asked, None, {}, f"{s.control.pipe}: {e}"))
         return out
 
-    def control_known(self) -> dict[str, tuple[frozenset, frozenset]]:
+    def control_known(self) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
         """The tunnel and call ids of each control pipe's instance now: what
         an answer fetched from here on may find gone (see ``apply_control``)."""
         return {ins.name: (frozenset(ins.tunnels), frozenset(ins.calls))
                 for ins in (self._control_instance(s) for s in self.sources if s.control is not None)}
 
-    def apply_control(self, answers: list[tuple], known: Optional[dict] = None) -> list[Event]:
+    def apply_control(self, answers: list[ControlAnswer],
+                      known: Optional[dict[str, tuple[frozenset[int], frozenset[int]]]] = None) -> list[Event]:
         """Bring the model to what ``fetch_control`` found.  With ``known``
         (``control_known()`` taken before the fetch) the model may have moved
         on meanwhile: only what was known then can be found gone, and what
@@ -521,13 +531,14 @@ class Discovery:
             if error is not None:
                 self.warnings.append(error)
                 continue
+            assert av is not None  # fetch_control: an answer without an error has its `available`
             ins = self._control_instance(s)
             # an instance that was not the pipe's when the question went out: nothing was known then
             then_tids, then_cids = known.get(ins.name, (frozenset(), frozenset())) if known is not None \
                 else (None, None)
             live_tids = {t.tunnel_id for t in av.tunnels}
-            for tid in [t for t in ins.tunnels if t not in live_tids and (then_tids is None or t in then_tids)]:
-                ev += self.tracker.tunnel_down(ins, tid, "not reported by xl2tpd (control pipe)")
+            for gone in [t for t in ins.tunnels if t not in live_tids and (then_tids is None or t in then_tids)]:
+                ev += self.tracker.tunnel_down(ins, gone, "not reported by xl2tpd (control pipe)")
             by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
             self.listed[ins.name] = Listed(
                 asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
@@ -565,7 +576,7 @@ class Discovery:
                     ev += self.tracker.call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
         return ev
 
-    def _reconcile_proc(self, scanned=None) -> list[Event]:
+    def _reconcile_proc(self, scanned: Optional[Scanned] = None) -> list[Event]:
         if not self.proc:
             return []
         ev: list[Event] = []
@@ -582,7 +593,8 @@ class Discovery:
                 ev += self._reconcile_instance(s, ins, alive, children)
         return ev
 
-    def _reconcile_instance(self, s: Source, ins, alive: set, children: dict) -> list[Event]:
+    def _reconcile_instance(self, s: Source, ins: Instance, alive: set[int],
+                            children: dict[int, list[procscan.Proc]]) -> list[Event]:
         ev: list[Event] = []
         if ins.daemon_pid is not None and ins.daemon_pid not in alive:
             ev += self.tracker.all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
@@ -662,7 +674,8 @@ class Discovery:
                 ev += self.tracker.observe_data_path(c.instance, c.call_id, "kernel")
         return ev
 
-    def poll(self, reconcile: bool = True, control: bool = False, scanned=None) -> list[Event]:
+    def poll(self, reconcile: bool = True, control: bool = False,
+             scanned: Optional[Scanned] = None) -> list[Event]:
         """One step of following: new log lines, and optionally /proc + kernel (+ control).
 
         ``scanned``: a ``procscan.scan()`` result taken beforehand (a caller
@@ -710,7 +723,7 @@ class Discovery:
         )
 
     def events(self, poll: float = 0.2, reconcile_every: float = 1.0, control_every: float = 10.0,
-               until: Optional[float] = None, stop=None) -> Iterator[Event]:
+               until: Optional[float] = None, stop: Optional[threading.Event] = None) -> Iterator[Event]:
         """Current objects first, then each change once.
 
         ``until``: stop at that monotonic time; ``stop``: a threading.Event that ends the loop."""
@@ -741,7 +754,7 @@ class Discovery:
             self._backend.close()
 
 
-def _matches(p: procscan.Proc, c) -> bool:
+def _matches(p: procscan.Proc, c: CallInfo) -> bool:
     """Does pppd ``p`` belong to call ``c``?  By ids in argv (LNS kernel mode)
     or by the exact argv xl2tpd logged for the call (pty path / fd number)."""
     t, s = p.argv_tunnel_session

@@ -6,9 +6,12 @@ import errno
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .. import defaults
+
+if TYPE_CHECKING:
+    from .state import DataPath
 
 # errors that say nothing of the process: out of file descriptors or memory
 # here.  Raised, never read as "gone" (that would end a live call)
@@ -48,7 +51,7 @@ class Proc:
         return num("pppol2tp_tunnel_id"), num("pppol2tp_session_id")
 
     @property
-    def data_path(self) -> str:
+    def data_path(self) -> DataPath:
         if "pppol2tp.so" in self.argv or "pipexctl.so" in self.argv:
             return "kernel" if not self.ttys else "userspace"
         if self.ttys:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import time
-from typing import Callable, Literal, NamedTuple, Optional, Union
+from typing import Any, Callable, Literal, NamedTuple, Optional, Sequence, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
@@ -58,7 +58,7 @@ class CallInfo:
     since: float = Field(default_factory=time.time)
     sources: list[str] = Field(default_factory=list)
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int]:
         return (self.instance, self.call_id)
 
     def ids(self) -> Optional[CallIds]:
@@ -67,15 +67,16 @@ class CallInfo:
             return None
         return CallIds(self.tunnel_id, self.peer_tunnel_id, self.call_id, self.peer_call_id, self.peer_port)
 
-    def copy(self, **update) -> "CallInfo":
+    def copy(self, **update: object) -> "CallInfo":
         """A deep copy (events carry snapshots), with *update* applied."""
         c = copy.deepcopy(self)
         for k, v in update.items():
             setattr(c, k, v)
         return c
 
-    def dump(self, **kw) -> dict:
-        return _adapter(CallInfo).dump_python(self, mode="json", **kw)
+    def dump(self, **kw: Any) -> dict[str, Any]:  # kw: TypeAdapter.dump_python's options (exclude=...)
+        out: dict[str, Any] = _adapter(CallInfo).dump_python(self, mode="json", **kw)
+        return out
 
 
 @dataclass(slots=True, kw_only=True)
@@ -90,18 +91,19 @@ class TunnelInfo:
     since: float = Field(default_factory=time.time)
     sources: list[str] = Field(default_factory=list)
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int]:
         return (self.instance, self.tunnel_id)
 
     def copy(self) -> "TunnelInfo":
         return copy.deepcopy(self)
 
-    def dump(self, **kw) -> dict:
-        return _adapter(TunnelInfo).dump_python(self, mode="json", **kw)
+    def dump(self, **kw: Any) -> dict[str, Any]:  # kw: TypeAdapter.dump_python's options (exclude=...)
+        out: dict[str, Any] = _adapter(TunnelInfo).dump_python(self, mode="json", **kw)
+        return out
 
 
 @functools.cache
-def _adapter(cls) -> TypeAdapter:
+def _adapter(cls: type[Union[CallInfo, TunnelInfo]]) -> TypeAdapter[Union[CallInfo, TunnelInfo]]:
     return TypeAdapter(cls)  # built on first use: a schema build costs import time
 
 
@@ -149,7 +151,7 @@ class CallUpdated(_Event):
 Event = Union[TunnelUp, TunnelDown, CallUp, CallDown, DataPathChanged, CallUpdated]
 
 
-def data_path_from_argv(argv) -> DataPath:
+def data_path_from_argv(argv: Optional[Sequence[str]]) -> DataPath:
     if not argv:
         return "unknown"
     if "pppol2tp.so" in argv or "pppol2tp" in argv:
@@ -159,7 +161,7 @@ def data_path_from_argv(argv) -> DataPath:
     return "unknown"
 
 
-def _argv_int(argv, name: str) -> Optional[int]:
+def _argv_int(argv: Sequence[str], name: str) -> Optional[int]:
     try:
         return int(argv[argv.index(name) + 1])
     except (ValueError, IndexError):
@@ -267,8 +269,8 @@ class Tracker:
             ev += self.call_down(ins, cid, reason)
         return ev
 
-    def update_call(self, c: CallInfo, **fields) -> list[Event]:
-        changed = []
+    def update_call(self, c: CallInfo, **fields: object) -> list[Event]:
+        changed: list[str] = []
         for k, v in fields.items():
             if v is not None and getattr(c, k) in (None, "unknown") and getattr(c, k) != v:
                 setattr(c, k, v)

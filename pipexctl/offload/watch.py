@@ -15,11 +15,14 @@ import selectors
 import threading
 import time
 from collections import Counter
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from ..discovery import checkpoint, procscan
 from ..discovery.discovery import Discovery
-from ..discovery.state import CallInfo
+from ..discovery.state import CallInfo, DataPath, Event, Role
+
+if TYPE_CHECKING:
+    from _typeshed import HasFileno
 
 log = logging.getLogger("pipexctl.serve")
 
@@ -99,12 +102,12 @@ class CallWatch:
         self.log_interval, self.reconcile_interval = log_interval, reconcile_interval
         self.lock = threading.Lock()
         self.polled = threading.Condition(self.lock)  # notified after each discovery poll
-        self.pending: list = []
+        self.pending: list[Event] = []
         self.wake = FdEvent()  # reload, or a request waiting for its line
         self.waiting = 0  # requests inside call_of (under lock)
         self.active = float("-inf")  # monotonic time of the last event or request
         self.unchecked = 0  # calls offloaded on the log's word: the control pipe did not answer
-        self._paths: Counter = Counter()
+        self._paths: Counter[tuple[Role, DataPath]] = Counter()
         self._asking: Optional[float] = None  # when the control question now out was asked
         self.checkpoint_path = checkpoint_path
         self._saved_at = (time.monotonic(), -1)  # when, and after how many lines read
@@ -142,7 +145,7 @@ class CallWatch:
                 return
             self._saved_at = (time.monotonic(), lines)
 
-    def refresh(self) -> list:
+    def refresh(self) -> list[Event]:
         """SIGHUP: every source again (logs are followed by name anyway)."""
         with self.lock:
             return self.d.refresh()
@@ -174,7 +177,7 @@ class CallWatch:
     def _call_of(self, pid: int, since: float, end: float,
                  xl2tpd_pid: Optional[int]) -> tuple[Optional[CallInfo], str]:
         asked, kicked = float("-inf"), False
-        refuted: dict[tuple, CallInfo] = {}
+        refuted: dict[tuple[str, Optional[int], int], CallInfo] = {}
         while True:
             self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
             self.pending += self.d.observe_process(pid)
@@ -250,7 +253,7 @@ class CallWatch:
         return [e for *_, e in answers if e is not None]
 
     @staticmethod
-    def _refute(refuted: dict, pid: int, calls: list[CallInfo],
+    def _refute(refuted: dict[tuple[str, Optional[int], int], CallInfo], pid: int, calls: list[CallInfo],
                 why: str = "but xl2tpd's control pipe does not list that call") -> None:
         for c in calls:
             key = (c.instance, c.tunnel_id, c.call_id)
@@ -280,14 +283,14 @@ class CallWatch:
         with self.lock:
             return [c.copy() for c in self.d.tracker.calls()]
 
-    def instances(self) -> list[dict]:
+    def instances(self) -> list[dict[str, object]]:
         """Each xl2tpd discovery follows: name, pid, kernel or userspace mode."""
         with self.lock:
             return [{"instance": i.name, "pid": i.daemon_pid,
                      "mode": {True: "kernel", False: "userspace", None: "unknown"}[i.kernel_mode]}
                     for i in self.d.tracker.instances.values()]
 
-    def paths(self) -> Counter:
+    def paths(self) -> Counter[tuple[Role, DataPath]]:
         """Known calls by (role, data path), for the metrics.  A scrape never
         waits for the lock a request may hold: the last count is given then."""
         if self.lock.acquire(blocking=False):
@@ -297,8 +300,8 @@ class CallWatch:
                 self.lock.release()
         return Counter(self._paths)
 
-    def run(self, stop: threading.Event, reload: threading.Event, *, handle: Callable[[list], None],
-            reloaded: Callable[[list], None], tick: Callable[[], None], exits=None,
+    def run(self, stop: threading.Event, reload: threading.Event, *, handle: Callable[[list[Event]], None],
+            reloaded: Callable[[list[Event]], None], tick: Callable[[], None], exits: Optional[HasFileno] = None,
             busy: Callable[[], bool] = lambda: False) -> None:
         """The watcher thread: poll, hand events to ``handle``; on ``reload``
         refresh everything and call ``reloaded``; ``tick`` every half second
@@ -337,8 +340,8 @@ class CallWatch:
         finally:
             sel.close()
 
-    def _poll(self, full: bool, handle: Callable[[list], None]) -> None:
-        ev: list = []
+    def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
+        ev: list[Event] = []
         t = time.monotonic()
         scanned = None
         if full and self.d.proc:

@@ -84,8 +84,8 @@ def offload_lab(seconds: int) -> bool:
                 print(f"    discovered on the LNS: tunnel {c.tunnel_id}/{c.peer_tunnel_id} call {c.call_id}/"
                       f"{c.peer_call_id} pppd {c.pppd_pid} data path: {c.data_path}")
                 ok &= c.data_path == ("kernel" if mode == "pipexctl" else "userspace")
-            ks = _sh("ip", "-n", lab.lns.ns, "l2tp", "show", "session").count("Session ")
-            print(f"    kernel L2TP sessions on the LNS: {ks}")
+            sessions = _sh("ip", "-n", lab.lns.ns, "l2tp", "show", "session").count("Session ")
+            print(f"    kernel L2TP sessions on the LNS: {sessions}")
             results[mode] = iperf(lab.lns.ns, lac.ns, "10.99.100.1", seconds)
             print(f"    iperf3 {seconds} s LAC -> LNS over ppp0: {results[mode]:7.1f} Mbit/s")
         finally:

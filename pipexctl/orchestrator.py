@@ -145,35 +145,35 @@ class Orchestrator:
                     raise errors.InvalidArgumentError(
                         f"session names tunnel {session.tunnel_id} but tunnel spec is {tunnel.tunnel_id}"
                     )
-                kt, created = self.ensure_tunnel(tunnel, tx)
+                kernel_tunnel, created = self.ensure_tunnel(tunnel, tx)
             else:
                 try:
-                    kt = self.backend.tunnel_get(session.tunnel_id)
+                    kernel_tunnel = self.backend.tunnel_get(session.tunnel_id)
                 except errors.NotFoundError:
                     raise errors.NotFoundError(
                         f"cannot create {session.describe()}: tunnel {session.tunnel_id} does not exist "
                         "(create it, or give --peer-tunnel-id, --local and --remote)"
                     ) from None
-            if kt.version != session.version:
+            if kernel_tunnel.version != session.version:
                 # re-validate the ids for the tunnel's real version
                 try:
-                    session = SessionSpec(**{**session.model_dump(), "version": kt.version})
+                    session = SessionSpec(**{**session.model_dump(), "version": kernel_tunnel.version})
                 except ValueError as e:
                     raise errors.InvalidArgumentError(errors.first_error(e)) from None
             tx.create_session(session)
-            ks = self.backend.session_get(session.tunnel_id, session.session_id)
+            kernel_session = self.backend.session_get(session.tunnel_id, session.session_id)
             channel_index = None
             if connect_ppp:
-                if ks.pw_type.value != "ppp":
+                if kernel_session.pw_type.value != "ppp":
                     raise errors.InvalidArgumentError("only PPP sessions have a PPPoL2TP channel")
-                ch = tx.connect_ppp(kt, ks)
+                ch = tx.connect_ppp(kernel_tunnel, kernel_session)
                 try:
                     channel_index = ch.channel()
                     if hand_off is not None:
-                        hand_off(ch, _meta(kt, ks, channel_index))
+                        hand_off(ch, _meta(kernel_tunnel, kernel_session, channel_index))
                 finally:
                     ch.close()
-        return AddSessionResult(kt, ks, created, channel_index)
+        return AddSessionResult(kernel_tunnel, kernel_session, created, channel_index)
 
     def delete_session(self, tunnel_id: int, session_id: int, *, tunnel_too: bool = False) -> bool:
         """Delete a session; with ``tunnel_too`` also its tunnel once empty.

@@ -193,8 +193,8 @@ class Journal:
         kind, _, name = spec.partition(":")
         self.spec, self.follow = spec, follow
         self._sel = ["-u", name] if kind == "journal" else ["-t", name]
-        self._p: Optional[subprocess.Popen[bytes]] = None
-        self._following = False  # _p runs with -f
+        self._journalctl: Optional[subprocess.Popen[bytes]] = None
+        self._following = False  # _journalctl runs with -f
         self._caught_up = False  # what was there at the start has been read
         self._buf = b""
         self.cursor: Optional[str] = None  # the last entry read (or a checkpoint's): read on after it
@@ -215,7 +215,7 @@ class Journal:
             raise errors.PipexError(f"{self.spec}: journalctl not found") from None
         assert p.stdout is not None
         os.set_blocking(p.stdout.fileno(), not follow)
-        self._p, self._following = p, follow
+        self._journalctl, self._following = p, follow
         return p
 
     def position(self) -> Optional[cpt.JournalPos]:
@@ -241,7 +241,7 @@ class Journal:
         return None
 
     def read_lines(self) -> list[str]:
-        p = self._p
+        p = self._journalctl
         if p is None:
             if self._caught_up and (not self.follow or time.monotonic() < self._retry_at):
                 return []
@@ -252,7 +252,7 @@ class Journal:
             self.more = len(data) == self.CHUNK
             if not self.more:
                 p.wait()
-                self._p, self._caught_up = None, True  # following: the next read runs -f after the cursor
+                self._journalctl, self._caught_up = None, True  # following: the next read runs -f after the cursor
             return self._lines(data)
         try:
             data = p.stdout.read() or b""
@@ -261,7 +261,7 @@ class Journal:
         if data:
             self._backoff = 1.0
         elif p.poll() is not None:
-            self._p, self._buf = None, b""  # a partial entry comes again after the cursor
+            self._journalctl, self._buf = None, b""  # a partial entry comes again after the cursor
             self._retry_at = time.monotonic() + self._backoff
             self.note = (f"journalctl exited (status {p.returncode}): started again in {self._backoff:.0f} s, "
                          f"after the last entry read")
@@ -281,10 +281,10 @@ class Journal:
         return [x.decode("utf-8", "replace") for x in lines]
 
     def close(self) -> None:
-        if self._p is not None:
-            self._p.kill()
-            self._p.wait()
-            self._p = None
+        if self._journalctl is not None:
+            self._journalctl.kill()
+            self._journalctl.wait()
+            self._journalctl = None
 
 
 @dataclass(frozen=True)

@@ -217,7 +217,7 @@ Handler = Callable[[re.Match[str], Optional[int]], Record]
 _PATTERNS: list[tuple[str, re.Pattern[str], Handler]] = []
 
 
-def _p(prefix: str, regex: str) -> Callable[[Handler], Handler]:
+def _pattern(prefix: str, regex: str) -> Callable[[Handler], Handler]:
     def deco(fn: Handler) -> Handler:
         _PATTERNS.append((prefix, re.compile(regex), fn))
         return fn
@@ -238,42 +238,42 @@ def _id(text: str, what: str, top: int = 0xFFFF) -> int:
     return v
 
 
-@_p("xl2tpd version ", r"xl2tpd version (?P<v>\S{1,64}) started on .{0,255} PID:(?P<pid>\d{1,10})$")
+@_pattern("xl2tpd version ", r"xl2tpd version (?P<v>\S{1,64}) started on .{0,255} PID:(?P<pid>\d{1,10})$")
 def _started(m: re.Match[str], pid: Optional[int]) -> Started:
     return Started(m["v"], int(m["pid"]), pid=pid)
 
 
-@_p("Using l2tp kernel support.", r"Using l2tp kernel support\.$")
-def _kyes(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
+@_pattern("Using l2tp kernel support.", r"Using l2tp kernel support\.$")
+def _kernel_mode_used(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(True, pid=pid)
 
 
-@_p("Not looking for kernel support.", r"Not looking for kernel support\.$")
-def _kno(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
+@_pattern("Not looking for kernel support.", r"Not looking for kernel support\.$")
+def _kernel_mode_not_asked(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(False, pid=pid)
 
 
-@_p("L2TP kernel support not detected", r"L2TP kernel support not detected")
-def _knot(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
+@_pattern("L2TP kernel support not detected", r"L2TP kernel support not detected")
+def _kernel_mode_not_found(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(False, pid=pid)
 
 
-@_p("This binary does not support kernel L2TP.", r"This binary does not support kernel L2TP\.$")
-def _kunsupported(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
+@_pattern("This binary does not support kernel L2TP.", r"This binary does not support kernel L2TP\.$")
+def _kernel_mode_unsupported(m: re.Match[str], pid: Optional[int]) -> KernelSupport:
     return KernelSupport(False, pid=pid)
 
 
-@_p("Listening on IP address ", r"Listening on IP address (?P<a>[0-9a-fA-F:.]{2,45}), port (?P<port>\d{1,5})$")
+@_pattern("Listening on IP address ", r"Listening on IP address (?P<a>[0-9a-fA-F:.]{2,45}), port (?P<port>\d{1,5})$")
 def _listening(m: re.Match[str], pid: Optional[int]) -> Listening:
     return Listening(_addr(m["a"]), _id(m["port"], "port"), pid=pid)
 
 
-@_p("Connecting to host ", rf"Connecting to host {IP}, port (?P<port>\d{{1,5}})$")
+@_pattern("Connecting to host ", rf"Connecting to host {IP}, port (?P<port>\d{{1,5}})$")
 def _connecting(m: re.Match[str], pid: Optional[int]) -> Connecting:
     return Connecting(_addr(m["peer"]), _id(m["port"], "port"), pid=pid)
 
 
-@_p(
+@_pattern(
     "Connection established to ",
     rf"Connection established to {IP}, (?P<port>\d{{1,5}})\.  Local: (?P<l>\d{{1,10}}), Remote: (?P<r>\d{{1,10}}) "
     r"\(ref=\d{1,10}/\d{1,10}\)\.(?:  LNS session is '(?P<sect>[^']{0,128})')?$",
@@ -285,12 +285,12 @@ def _tun_est(m: re.Match[str], pid: Optional[int]) -> TunnelEstablished:
     )
 
 
-@_p("Calling on tunnel ", r"Calling on tunnel (?P<t>\d{1,10})$")
+@_pattern("Calling on tunnel ", r"Calling on tunnel (?P<t>\d{1,10})$")
 def _calling(m: re.Match[str], pid: Optional[int]) -> CallingOnTunnel:
     return CallingOnTunnel(_id(m["t"], "tunnel id"), pid=pid)
 
 
-@_p(
+@_pattern(
     "Call established with ",
     rf"Call established with {IP}, (?:PID: (?P<pp>\d{{1,10}}), )?Local: (?P<l>\d{{1,10}}), Remote: (?P<r>\d{{1,10}}), "
     r"Serial: (?P<s>\d{1,10})(?: \(ref=\d{1,10}/\d{1,10}\))?$",
@@ -305,7 +305,7 @@ def _call_est(m: re.Match[str], pid: Optional[int]) -> CallEstablished:
     )
 
 
-@_p(
+@_pattern(
     "control_finish: Connection closed to ",
     rf"control_finish: Connection closed to {IP}, (?:port (?P<port>\d{{1,5}}) \((?P<why>.{{0,256}})\), "
     r"Local: (?P<l>\d{1,10}), Remote: (?P<r>\d{1,10})|serial (?P<s>\d{1,10}) \((?P<why2>.{0,256})\))$",
@@ -316,23 +316,23 @@ def _ctl_closed(m: re.Match[str], pid: Optional[int]) -> Union[CallClosed, Tunne
     return TunnelClosed(_addr(m["peer"]), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), m["why"], pid=pid)
 
 
-@_p("Connection ", rf"Connection (?P<r>\d{{1,10}}) closed to {IP}, port (?P<port>\d{{1,5}}) \((?P<why>.{{0,256}})\)$")
+@_pattern("Connection ", rf"Connection (?P<r>\d{{1,10}}) closed to {IP}, port (?P<port>\d{{1,5}}) \((?P<why>.{{0,256}})\)$")
 def _conn_closed(m: re.Match[str], pid: Optional[int]) -> TunnelClosed:
     # xl2tpd prints the peer's tunnel id here
     return TunnelClosed(_addr(m["peer"]), None, _id(m["r"], "peer tunnel id"), m["why"], pid=pid)
 
 
-@_p("Disconnecting from ", rf"Disconnecting from {IP}, Local: (?P<l>\d{{1,10}}), Remote: (?P<r>\d{{1,10}})$")
+@_pattern("Disconnecting from ", rf"Disconnecting from {IP}, Local: (?P<l>\d{{1,10}}), Remote: (?P<r>\d{{1,10}})$")
 def _disc(m: re.Match[str], pid: Optional[int]) -> Disconnecting:
     return Disconnecting(_addr(m["peer"]), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), pid=pid)
 
 
-@_p("call_close: Call ", rf"call_close: Call (?P<c>\d{{1,10}}) to {IP} disconnected$")
+@_pattern("call_close: Call ", rf"call_close: Call (?P<c>\d{{1,10}}) to {IP} disconnected$")
 def _call_close(m: re.Match[str], pid: Optional[int]) -> CallClosed:
     return CallClosed(_addr(m["peer"]), call_id=_id(m["c"], "call id"), pid=pid)
 
 
-@_p(
+@_pattern(
     "child_handler : pppd ",
     r"child_handler : pppd (?:exited for call (?P<c>\d{1,10}) with code (?P<code>-?\d{1,10})"
     r"|terminated for call (?P<c2>\d{1,10}) by signal (?P<sig>\d{1,3}))$",
@@ -344,12 +344,12 @@ def _child(m: re.Match[str], pid: Optional[int]) -> CallClosed:
     return CallClosed(None, peer_call_id=_id(c, "peer call id"), reason=why, pid=pid)
 
 
-@_p("child_handler : pppd exited for call ", r"child_handler : pppd exited for call (?P<c>\d{1,10}) for unknown reason$")
+@_pattern("child_handler : pppd exited for call ", r"child_handler : pppd exited for call (?P<c>\d{1,10}) for unknown reason$")
 def _child_unknown(m: re.Match[str], pid: Optional[int]) -> CallClosed:
     return CallClosed(None, peer_call_id=_id(m["c"], "peer call id"), reason="pppd exited", pid=pid)
 
 
-@_p(
+@_pattern(
     "lac_hangup :Hanging up call ",
     r"lac_hangup :Hanging up call (?P<s>\d{1,10}), Local: (?P<l>\d{1,10}), Remote: (?P<r>\d{1,10})$",
 )
@@ -358,7 +358,7 @@ def _hangup(m: re.Match[str], pid: Optional[int]) -> CallClosed:
                       serial=_id(m["s"], "serial", 0xFFFFFFFF), reason="hung up", pid=pid)
 
 
-@_p(
+@_pattern(
     "parameters: Local: ",
     r"parameters: Local: (?P<l>\d{1,10}) , Remote: (?P<r>\d{1,10}) , Serial: (?P<s>\d{1,10}) , "
     r"Pid: (?P<pp>\d{1,10}) , Tunnelid: (?P<t>\d{1,10}) , Phoneid: .{0,128}$",
@@ -369,7 +369,7 @@ def _outgoing(m: re.Match[str], pid: Optional[int]) -> CallEstablished:
                            _id(m["s"], "serial", 0xFFFFFFFF), pp or None, _id(m["t"], "tunnel id"), pid=pid)
 
 
-@_p(
+@_pattern(
     "Unable to deliver closing message for tunnel ",
     r"Unable to deliver closing message for tunnel (?P<t>\d{1,10})\. Destroying anyway\.$",
 )
@@ -377,22 +377,22 @@ def _undeliverable(m: re.Match[str], pid: Optional[int]) -> TunnelClosed:
     return TunnelClosed("0.0.0.0", _id(m["t"], "tunnel id"), None, "closing message undeliverable", pid=pid)
 
 
-@_p("Terminating pppd: sending TERM signal to pid ", r"Terminating pppd: sending TERM signal to pid (?P<p>\d{1,10})$")
+@_pattern("Terminating pppd: sending TERM signal to pid ", r"Terminating pppd: sending TERM signal to pid (?P<p>\d{1,10})$")
 def _term(m: re.Match[str], pid: Optional[int]) -> PppdTerminating:
     return PppdTerminating(int(m["p"]), pid=pid)
 
 
-@_p("Maximum retries exceeded for tunnel ", r"Maximum retries exceeded for tunnel (?P<t>\d{1,10})\.  Closing\.$")
+@_pattern("Maximum retries exceeded for tunnel ", r"Maximum retries exceeded for tunnel (?P<t>\d{1,10})\.  Closing\.$")
 def _maxretry(m: re.Match[str], pid: Optional[int]) -> MaxRetries:
     return MaxRetries(_id(m["t"], "tunnel id"), pid=pid)
 
 
-@_p("death_handler: Fatal signal ", r"death_handler: Fatal signal (?P<s>\d{1,3}) received$")
+@_pattern("death_handler: Fatal signal ", r"death_handler: Fatal signal (?P<s>\d{1,3}) received$")
 def _death(m: re.Match[str], pid: Optional[int]) -> DaemonExiting:
     return DaemonExiting(int(m["s"]), pid=pid)
 
 
-@_p(
+@_pattern(
     "Tunnel ",
     rf"Tunnel (?P<sect>[^,]{{0,128}}), ID = (?P<l>\d{{1,10}}) \(local\), (?P<r>\d{{1,10}}) \(remote\) to "
     rf"{IP}:(?P<port>\d{{1,5}}), ",
@@ -402,7 +402,7 @@ def _st_tunnel(m: re.Match[str], pid: Optional[int]) -> StatusTunnel:
                         _id(m["port"], "port"), pid=pid)
 
 
-@_p(
+@_pattern(
     "Call ",
     r"Call (?P<sect>[^#]{0,128}) # \d{1,10}, ID = (?P<l>\d{1,10}) \(local\), (?P<r>\d{1,10}) \(remote\), "
     r"serno = (?P<s>\d{1,10}), ",

@@ -226,11 +226,11 @@ def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterab
     """Decide what to adopt and what to remove (pure; unit-tested).
 
     ``call_alive(instance, tunnel_id, call_id, pppd_pid)``: the call's pppd lives."""
-    kt = {t.tunnel_id: t for t in kernel_tunnels}
-    ks = {(s.tunnel_id, s.session_id) for s in kernel_sessions}
+    kernel_tunnels_by_id = {t.tunnel_id: t for t in kernel_tunnels}
+    kernel_session_ids = {(s.tunnel_id, s.session_id) for s in kernel_sessions}
     p = Plan()
     for rec in state.tunnels:
-        t = kt.get(rec.tunnel_id)
+        t = kernel_tunnels_by_id.get(rec.tunnel_id)
         if t is None:
             p.forget.append(f"tunnel {rec.tunnel_id}: no longer in the kernel")
             continue
@@ -244,14 +244,14 @@ def plan(state: State, kernel_tunnels: Iterable[Tunnel], kernel_sessions: Iterab
             continue
         kept = []
         for s in rec.sessions:
-            if (rec.tunnel_id, s.call_id) not in ks:
+            if (rec.tunnel_id, s.call_id) not in kernel_session_ids:
                 p.forget.append(f"session {rec.tunnel_id}/{s.call_id}: no longer in the kernel")
             elif call_alive(rec.instance, rec.tunnel_id, s.call_id, s.pppd_pid):
                 kept.append(s)
             else:
                 p.remove_sessions.append((rec.tunnel_id, s.call_id, f"call gone or pppd {s.pppd_pid} dead"))
         recorded = {s.call_id for s in rec.sessions}
-        for tid, sid in sorted(ks):
+        for tid, sid in sorted(kernel_session_ids):
             # only this daemon adds sessions to its tunnel:
             # one it did not record was left by a crash between session create
             # and the state write

@@ -1,23 +1,36 @@
-"""The unit tests' daemon: an OffloadServer on the null kernel backend and
-the null data path (no kernel here), with three calls known to discovery.
+"""What the unit test modules share.
 
+The unit tests' daemon: an OffloadServer on the null kernel backend and
+the null data path (no kernel here), with three calls known to discovery.
 ``srv`` is a fixture for every module here; ``call``, ``offload`` and
 ``serving`` are imported (``from .conftest import ...``), as tests/kernel
-does with its own."""
+does with its own.
+
+Also: ``run``, the CLI through click's CliRunner on a NullBackend, and
+``notify_socket``, a datagram socket named by NOTIFY_SOCKET (fixtures);
+``DATA``, the recorded xl2tpd logs (tests/unit/data/); ``brief``, an event
+in a comparable tuple; ``model``, a Discovery's calls and tunnels without
+their times; ``readable``, whether a select would wake (imported)."""
 
 from __future__ import annotations
 
 import contextlib
+import selectors
 import socket
 import threading
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from pipexctl.cli import AppContext, cli
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.discovery.state import CallInfo
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload.datapath import NullDataPath
 from pipexctl.offload.server import OffloadServer
+
+DATA = Path(__file__).parent / "data"
 
 
 def call(cid, tid=100, peer="192.0.2.7"):
@@ -60,3 +73,43 @@ def offload(s, c):
     ch, _ = s.service.offload(c, 4242)
     s.channels.append(ch)  # pppd's copy: closing it would end the session, as in the kernel
     s.service.stats["offloaded"] += 1
+
+
+@pytest.fixture
+def run():
+    backend = NullBackend()
+
+    def invoke(*args):
+        return CliRunner().invoke(cli, list(args), obj=AppContext(lambda: backend))
+
+    invoke.backend = backend
+    return invoke
+
+
+@pytest.fixture
+def notify_socket(tmp_path, monkeypatch):
+    path = str(tmp_path / "notify")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.settimeout(10)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    yield s
+    s.close()
+
+
+def brief(e):
+    o = getattr(e, "call", None) or e.tunnel
+    if hasattr(o, "call_id"):
+        return (e.event, o.tunnel_id, o.call_id, o.peer_call_id, o.pppd_pid, o.data_path)
+    return (e.event, o.tunnel_id, o.peer_tunnel_id, o.role)
+
+
+def model(d: Discovery) -> list:
+    return sorted(([x.dump(exclude={"since"}) for x in d.tracker.calls()],
+                   [x.dump(exclude={"since"}) for x in d.tracker.tunnels()]), key=str)
+
+
+def readable(obj) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(obj, selectors.EVENT_READ)
+        return bool(sel.select(0))

@@ -4,23 +4,17 @@ model ends up where one reader reading on would be (discovery/checkpoint.py)."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipexctl.discovery import checkpoint as cpt
-from pipexctl.discovery.discovery import Discovery, Journal, LogFile
-from pipexctl.offload.watch import CallWatch
+from pipexctl.discovery.discovery import Discovery
 
-DATA = Path(__file__).parent / "data"
+from .conftest import DATA, model
+
 LOGS = ["lns-userspace.log", "lns-kernel.log", "lac1-userspace.log", "lac2-kernel.log"]
-
-
-def model(d: Discovery) -> list:
-    return sorted(([x.dump(exclude={"since"}) for x in d.tracker.calls()],
-                   [x.dump(exclude={"since"}) for x in d.tracker.tunnels()]), key=str)
 
 
 def brief(events) -> list:
@@ -169,110 +163,3 @@ def test_a_checkpoint_is_used_only_when_it_is_this_boots_and_this_daemons(tmp_pa
     cp, warning = cpt.load(str(tmp_path / "link"))
     assert cp is None and "cannot read" in warning
     assert cpt.load(str(tmp_path / "missing.json")) == (None, None)
-
-
-def test_a_journal_is_read_to_its_end_then_followed_after_its_cursor(tmp_path, monkeypatch):
-    """A stand-in journalctl: without -f it prints the entry that is
-    there; with -f a newer one, then follows.  The first read holds what
-    was there (a start's first read sees every entry written before it);
-    the follower starts after its cursor; a follower that dies (a signal to
-    the daemon's group) is started again after the last entry read, said
-    once, after a pause; a saved cursor of another boot, or one journalctl
-    turns down, is refused before anything is restored."""
-    boot = cpt.boot_id()
-    cur1, cur2 = (f"s={'a' * 32};i={i};b={boot};m=1;t=1;x=1" for i in (1, 2))
-    entry = '{{"MESSAGE": "{m}", "_COMM": "xl2tpd", "_PID": "7", "__CURSOR": "{c}"}}'
-    argvs = tmp_path / "argv"
-    fake = tmp_path / "journalctl"
-    fake.write_text(f"""#!/bin/sh
-echo "$@" >> {argvs}
-case "$*" in *"--after-cursor"*"s=bad"*) exit 1;; esac
-case "$*" in *" -f "*) echo '{entry.format(m="two", c=cur2)}'; exec sleep 60;; esac
-echo '{entry.format(m="one", c=cur1)}'
-""")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-
-    def read(j, until):
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            got = j.read_lines()
-            if until(got):
-                return got
-            time.sleep(0.05)
-        raise AssertionError("the reader never got there")
-
-    def last_argv():
-        return argvs.read_text().splitlines()[-1]
-
-    j = Journal("journal:xl2tpd", follow=True)
-    try:
-        assert j.position() is None
-        assert len(j.read_lines()) == 1 and not j.more, "the first read holds what was there"
-        assert j.position().cursor == cur1 and " -f " not in f" {last_argv()} "
-        read(j, lambda got: len(got) == 1)
-        assert j.position().cursor == cur2 and last_argv().endswith(f"-f -n all --after-cursor {cur1}")
-        j._p.kill()  # the follower dies
-        assert read(j, lambda got: got == [] and j.note) == []
-        assert "started again in 1 s, after the last entry read" in j.note
-        t = time.monotonic()
-        read(j, lambda got: len(got) == 1)
-        assert time.monotonic() - t > 0.5 and last_argv().endswith(f"--after-cursor {cur2}")
-    finally:
-        j.close()
-    d = Discovery(["journal:xl2tpd"], proc=False, kernel=False, follow=True)
-    try:
-        d.refresh(control=False)
-        assert d.sources[0].parser.lines >= 1, "a start's refresh reads the journal's entries"
-    finally:
-        d.close()
-    j = Journal("journal:xl2tpd", follow=True)
-    try:
-        assert j.resume(cpt.JournalPos(cursor=cur1.replace(f"b={boot}", "b=" + "0" * 32))) == \
-            "its cursor is of another boot"
-        bad = cur1.replace("s=" + "a" * 32, "s=bad" + "a" * 29)  # a cursor this journalctl turns down
-        assert j.resume(cpt.JournalPos(cursor=bad)) == "journalctl refused its cursor (status 1)"
-        assert j.position() is None
-        assert j.resume(cpt.JournalPos(cursor=cur1)) is None
-        j.read_lines()
-        assert last_argv().endswith(f"--after-cursor {cur1}") and " -f " not in f" {last_argv()} "
-    finally:
-        j.close()
-
-
-def test_the_daemon_saves_at_stop_and_resumes_at_start(tmp_path, caplog):
-    """CallWatch: save_checkpoint writes only when lines were read since;
-    first_read resumes, and reads only what came after."""
-    caplog.set_level("INFO", logger="pipexctl.serve")
-    lines = (DATA / "lns-kernel.log").read_text().splitlines(keepends=True)
-    log = tmp_path / "syslog"
-    log.write_text("".join(lines[:40]))
-    path = tmp_path / "discovery.json"
-    w = CallWatch(Discovery([str(log)], proc=False, kernel=False), checkpoint_path=str(path))
-    w.first_read()
-    w.save_checkpoint()
-    first = path.stat().st_mtime_ns
-    w.save_checkpoint()
-    assert path.stat().st_mtime_ns == first, "nothing read since: not written again"
-    known = model(w.d)
-    w.d.close()
-    with log.open("a") as f:
-        f.write("".join(lines[40:]))
-    w2 = CallWatch(Discovery([str(log)], proc=False, kernel=False), checkpoint_path=str(path))
-    w2.first_read()
-    assert w2.d.lines_read() == len(lines) - 40
-    assert "resumed at offset" in caplog.text
-    whole = Discovery([str(log)], proc=False, kernel=False)
-    whole.refresh(control=False, events=False)
-    assert model(w2.d) == model(whole) != known
-    whole.close()
-    w2.d.close()
-
-
-def test_logfile_position_is_the_start_of_an_unfinished_line(tmp_path):
-    log = tmp_path / "syslog"
-    log.write_bytes(b"line one\npart")
-    f = LogFile(str(log))
-    assert f.read_lines() == ["line one"]
-    assert f.position().offset == len(b"line one\n")
-    f.close()

@@ -1,32 +1,20 @@
-"""The CLI through click's CliRunner, on the in-memory NullBackend."""
+"""The CLI through click's CliRunner, on the in-memory NullBackend (``run``,
+tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from click.testing import CliRunner
 
-from pipexctl.cli import AppContext, cli
-from pipexctl.kernel.backend import NullBackend
+from pipexctl.cli import cli
 
 EXAMPLE = ["addsess", "l2tp", "--version", "3", "--pw", "eth", "--encap", "udp", "--tunnel-id", "100",
            "--peer-tunnel-id", "200", "--session-id", "10", "--peer-session-id", "20",
            "--local", "10.98.0.1:5000", "--remote", "10.98.0.2:5001", "--ifname", "pw0"]
 OPENBSD = ["addsess", "l2tp", "10", "20", "10.99.0.1", "10.99.1.2", "255.255.255.255",
            "10.99.0.1:1701", "10.99.0.2:1701", "100", "200"]
-
-
-@pytest.fixture
-def run():
-    backend = NullBackend()
-
-    def invoke(*args):
-        return CliRunner().invoke(cli, list(args), obj=AppContext(lambda: backend))
-
-    invoke.backend = backend
-    return invoke
 
 
 def test_long_form_creates_tunnel_and_session(run):
@@ -101,15 +89,6 @@ def test_every_command_turns_a_library_error_into_one_line(run, tmp_path):
     assert r.exception is None or isinstance(r.exception, SystemExit)
 
 
-def test_an_options_file_keeps_its_mode_and_owner(run, tmp_path):
-    f = tmp_path / "options.l2tpd.lns"
-    f.write_text("noccp\n")
-    f.chmod(0o640)
-    assert run("offload", "enable", "--options", str(f)).exit_code == 0
-    assert "plugin pipexctl.so" in f.read_text() and (f.stat().st_mode & 0o7777) == 0o640
-    assert [x.name for x in tmp_path.iterdir()] == [f.name]  # no temp file left
-
-
 def test_click_usage_errors_exit_2(run):
     r = run("delsess", "--tunnel-id", "1")
     assert r.exit_code == 2 and "Missing option '--session-id'" in r.output
@@ -163,32 +142,12 @@ def test_every_command_has_help_with_an_example(cmd):
     assert "Example" in r.output, f"{cmd} --help has no example"
 
 
-def test_offload_enable_and_disable_edit_only_their_block(tmp_path):
-    from click.testing import CliRunner
+def test_cli_rejects_a_bad_metrics_address():
+    r = CliRunner().invoke(cli, ["serve", "--metrics", "nonsense"])
+    assert r.exit_code == 2 and "expected [HOST]:PORT" in r.output
 
-    from pipexctl.cli import cli
 
-    opts = tmp_path / "options.xl2tpd"
-    opts.write_text("noauth\nmtu 1400\n")
-    os.chmod(opts, 0o640)
-    conf = tmp_path / "xl2tpd.conf"
-    conf.write_text(f"[lns default]\npppoptfile = {opts}\n")
-    r = CliRunner().invoke(cli, ["offload", "enable", "--xl2tpd-conf", str(conf), "--dry-run"])
-    assert r.exit_code == 0 and f"would change: {opts}" in r.output and opts.read_text() == "noauth\nmtu 1400\n"
-    r = CliRunner().invoke(cli, ["offload", "enable", "--xl2tpd-conf", str(conf), "--required", "--timeout", "9"])
-    assert r.exit_code == 0 and f"changed: {opts}" in r.output
-    text = opts.read_text()
-    assert text.startswith("noauth\nmtu 1400\n") and "plugin pipexctl.so\n" in text and "pipexctl_timeout 9\n" in text
-    assert os.stat(opts).st_mode & 0o777 == 0o640  # the file's mode kept
-    r = CliRunner().invoke(cli, ["offload", "enable", "--xl2tpd-conf", str(conf), "--required", "--timeout", "9",
-                                 "--json"])
-    assert r.exit_code == 0 and json.loads(r.output)["changed"] == []
-    r = CliRunner().invoke(cli, ["offload", "disable", "--options", str(opts)])
-    assert r.exit_code == 0 and opts.read_text() == "noauth\nmtu 1400\n"
-    bad = tmp_path / "kernel-mode"
-    bad.write_text("plugin pppol2tp.so\n")
-    r = CliRunner().invoke(cli, ["offload", "enable", "--options", str(opts), "--options", str(bad)])
-    assert r.exit_code == 1 and "outside pipexctl's block" in r.output
-    assert opts.read_text() == "noauth\nmtu 1400\n"  # all or nothing: the good file untouched too
-    r = CliRunner().invoke(cli, ["offload", "enable", "--options", str(opts), "--timeout", "61"])
-    assert r.exit_code == 2
+def test_stat_serve_without_a_daemon_is_one_clear_error(tmp_path):
+    r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", str(tmp_path / "none.sock")])
+    assert r.exit_code == 1
+    assert "cannot ask pipexctl serve" in r.output and "Traceback" not in r.output

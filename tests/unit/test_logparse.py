@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipexctl.discovery import logparse as lp
 
-DATA = Path(__file__).parent / "data"
+from .conftest import DATA
 
 LINES = {
     "Connection established to 10.99.0.1, 1701.  Local: 29827, Remote: 20392 (ref=0/0).  LNS session is 'default'":

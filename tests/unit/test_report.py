@@ -1,13 +1,17 @@
-"""What the offload service reports for ``status`` (report.py): every call,
-its data path and why it was not offloaded, through `pipexctl status`.
-The ``metrics`` half of report.py is test_metrics.py's."""
+"""What the offload service reports (report.py): for ``status``, every
+call, its data path and why it was not offloaded, through `pipexctl status`;
+for ``metrics`` (--metrics and `stat --serve`), what the daemon owns and
+why it refused, the per-session series capped and the rest summed.  Their
+Prometheus text and HTTP endpoint are test_metrics.py's."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
+from pipexctl import errors
 from pipexctl.cli import cli
 
 from .conftest import call, offload, serving
@@ -27,3 +31,34 @@ def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp
         r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path])
         assert r.exit_code == 0 and "offloads: 1 made" in r.output
         assert "WHY-NOT" in r.output and "no_call" in r.output
+
+
+def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
+    for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
+        offload(srv, c)
+    with pytest.raises(errors.ConflictError):
+        srv.service.offload(call(1), 4242)
+    srv.service.stats["failed"] += 1
+    srv.service.reasons[("failed", "conflict")] += 1
+    srv.service.refused("no_call")
+    srv.service.refused("no_call")
+    srv.service.refused("not_root")
+    m = srv.service.metrics()
+    assert m["offloaded_tunnels"] == 2 and m["offloaded_sessions"] == 3
+    assert m["offload"] == {"offloaded": 3, "removed": 0, "refused": {"no_call": 2, "not_root": 1},
+                            "failed": {"conflict": 1}}
+    assert m["calls"] == [{"role": "lns", "data_path": "kernel", "count": 3}]
+    assert [(s["tunnel_id"], s["session_id"], s["peer"]) for s in m["sessions"]] == \
+        [(100, 1, "192.0.2.7"), (100, 2, "192.0.2.7"), (101, 3, "192.0.2.8")]
+    assert m["sessions_not_listed"]["count"] == 0 and m["kernel_error"] is None
+
+
+def test_per_session_series_are_capped_and_the_rest_summed(srv):
+    for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
+        offload(srv, c)
+    srv.service.backend.session_get(100, 2).stats.rx_bytes = 500
+    srv.service.backend.session_get(101, 3).stats.rx_bytes = 70
+    srv.service.max_session_series = 1
+    m = srv.service.metrics()
+    assert [s["session_id"] for s in m["sessions"]] == [1]
+    assert m["sessions_not_listed"]["count"] == 2 and m["sessions_not_listed"]["rx_bytes"] == 570

@@ -1,12 +1,26 @@
-"""The daemon's view of discovery (watch.py): a request finds its pppd's
-call in the log itself.  Its wake-ups are test_watch_wakeups.py's."""
+"""The daemon's view of discovery (offload/watch.py): a request finds its
+pppd's call in the log itself; the watcher sleeps until something happens
+(an exit, a waiting request, a stop or a reload wakes it at once); the
+checkpoint is saved at a stop and resumed at a start.  (How much CPU a
+quiet daemon then leaves to the data path is a benchmark figure, `make
+bench`, not asserted here.)  The idle interval is set to a minute in these
+tests, so anything answered within seconds was answered by a wake-up, not
+by the timer."""
 
 from __future__ import annotations
+
+import subprocess
+import threading
+import time
 
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload.datapath import NullDataPath
+from pipexctl.offload.exits import Exits
 from pipexctl.offload.server import OffloadServer
+from pipexctl.offload.watch import CallWatch, FdEvent
+
+from .conftest import DATA, model, readable
 
 
 def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(tmp_path):
@@ -28,3 +42,113 @@ def test_a_request_reads_the_call_from_the_log_without_waiting_for_the_watcher(t
         assert s.watch.pending and s.watch.pending[-1].event == "CallUp"  # the watcher still gets the events
     finally:
         d.close()
+
+
+def test_fdevent_wakes_a_select_and_drains():
+    ev = FdEvent()
+    assert not readable(ev)
+    ev.kick()
+    assert readable(ev) and not ev.is_set()
+    ev.drain()
+    assert not readable(ev)
+    ev.set()
+    assert readable(ev) and ev.is_set()
+
+
+def _watcher(tmp_path, **kw):
+    log = tmp_path / "xl2tpd.log"
+    log.write_text("xl2tpd[147]: xl2tpd version xl2tpd-1.3.18 started on (none) PID:147\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.refresh(events=False)
+    w = CallWatch(d, log_interval=0.05, reconcile_interval=3600)
+    w.IDLE_INTERVAL = 60.0
+    w.ACTIVE_FOR = 0.0
+    stop, reload = FdEvent(), FdEvent()
+    ticks, reloads = [], []
+    t = threading.Thread(target=w.run, args=(stop, reload), daemon=True,
+                         kwargs={"handle": lambda ev: None, "reloaded": lambda ev: reloads.append(1),
+                                 "tick": lambda: ticks.append(time.monotonic()), **kw})
+    t.start()
+    time.sleep(0.3)  # the first round is done: the watcher sleeps now
+    return log, d, w, stop, reload, t, ticks, reloads
+
+
+def test_a_quiet_watcher_sleeps_and_is_woken_by_an_exit_a_reload_and_a_stop(tmp_path):
+    ex = Exits()
+    p = subprocess.Popen(["sleep", "30"])
+    ex.watch(p.pid)
+    log, d, w, stop, reload, t, ticks, reloads = _watcher(tmp_path, exits=ex)
+    try:
+        n = len(ticks)
+        time.sleep(1.0)
+        assert len(ticks) == n  # idle: no round within a second (the interval is a minute here)
+        p.kill()
+        p.wait()
+        end = time.monotonic() + 5
+        while len(ticks) == n and time.monotonic() < end:
+            time.sleep(0.02)
+        assert len(ticks) > n, "an exit did not wake the watcher"
+        assert ex.exited() == {p.pid}
+        reload.set()
+        end = time.monotonic() + 5
+        while not reloads and time.monotonic() < end:
+            time.sleep(0.02)
+        assert reloads, "SIGHUP's reload did not wake the watcher"
+        stop.set()
+        t.join(5)
+        assert not t.is_alive(), "stop did not wake the watcher"
+    finally:
+        stop.set()
+        ex.close()
+        d.close()
+
+
+def test_a_request_waiting_for_its_line_wakes_the_watcher_and_gets_its_call(tmp_path):
+    log, d, w, stop, reload, t, ticks, reloads = _watcher(tmp_path)
+    try:
+        def later():
+            time.sleep(0.5)
+            with log.open("a") as f:
+                f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
+                        "(ref=0/0).  LNS session is 'default'\n"
+                        "xl2tpd[147]: Call established with 10.99.1.2, PID: 151, Local: 19361, Remote: 13604, "
+                        "Serial: 1\n")
+        threading.Thread(target=later, daemon=True).start()
+        t0 = time.monotonic()
+        call, why = w.call_of(151, 20.0)
+        assert call is not None, why
+        assert time.monotonic() - t0 < 10  # not the minute of an idle watcher
+        assert w.waiting == 0
+    finally:
+        stop.set()
+        t.join(5)
+        d.close()
+
+
+def test_the_daemon_saves_at_stop_and_resumes_at_start(tmp_path, caplog):
+    """CallWatch: save_checkpoint writes only when lines were read since;
+    first_read resumes, and reads only what came after."""
+    caplog.set_level("INFO", logger="pipexctl.serve")
+    lines = (DATA / "lns-kernel.log").read_text().splitlines(keepends=True)
+    log = tmp_path / "syslog"
+    log.write_text("".join(lines[:40]))
+    path = tmp_path / "discovery.json"
+    w = CallWatch(Discovery([str(log)], proc=False, kernel=False), checkpoint_path=str(path))
+    w.first_read()
+    w.save_checkpoint()
+    first = path.stat().st_mtime_ns
+    w.save_checkpoint()
+    assert path.stat().st_mtime_ns == first, "nothing read since: not written again"
+    known = model(w.d)
+    w.d.close()
+    with log.open("a") as f:
+        f.write("".join(lines[40:]))
+    w2 = CallWatch(Discovery([str(log)], proc=False, kernel=False), checkpoint_path=str(path))
+    w2.first_read()
+    assert w2.d.lines_read() == len(lines) - 40
+    assert "resumed at offset" in caplog.text
+    whole = Discovery([str(log)], proc=False, kernel=False)
+    whole.refresh(control=False, events=False)
+    assert model(w2.d) == model(whole) != known
+    whole.close()
+    w2.d.close()

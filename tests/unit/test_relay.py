@@ -1,21 +1,16 @@
-"""The data path's pure parts: the relayed datagram's headers, the tunnel id
-and xl2tpd's address the relay reads, the twins' nft table (the relay and
-the steering run against the real kernel in tests/kernel/test_datapath.py)."""
+"""The relay's pure parts (offload/relay.py): the relayed datagram's
+headers, the tunnel id and xl2tpd's address it reads, and a detach that
+waits for the relay's thread (the relay against the real kernel:
+tests/kernel/test_datapath.py)."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import struct
-import subprocess
 
 import pytest
 
-from pipexctl import errors
-from pipexctl.kernel.check import sessions_per_namespace
-from pipexctl.offload import steering
 from pipexctl.offload.relay import MAX_DATAGRAM, l2tp_tunnel_id, udp_packet, xl2tpd_address
-from pipexctl.offload.steering import Twin
 
 
 def test_relayed_datagram_keeps_the_peers_source_and_xl2tpds_destination():
@@ -54,86 +49,6 @@ def test_xl2tpds_listening_address_is_read_from_the_unconnected_sockets(tmp_path
         f.write_text(head + "".join(rows))
         assert xl2tpd_address(1701, str(f)) == want
     assert xl2tpd_address(1701, str(tmp_path / "none")) is None
-
-
-TWINS = [Twin("10.99.1.1", 40000, "10.99.1.2", 1701, 4660), Twin("10.99.1.1", 40001, "10.99.1.2", 1701, 4661)]
-
-
-def test_nft_accepts_the_steering_table_and_its_elements():
-    nft = shutil.which("nft")
-    assert nft, "nft is needed (make setup installs nftables)"
-    text = steering.table() + steering.elements("add", TWINS)
-    assert "@th,80,16 map @twins " in text and "@th,96,16 map @twins_l " in text and 'iif != "lo"' in text
-    r = subprocess.run([nft, "-c", "-f", "-"], input=text, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert "10.99.1.2 . 1701 . 4660 : 40000" in text and "10.99.1.1 . 40001" in text
-    assert steering.elements("add", []) == ""
-
-
-class FakeNft:
-    """Stands for nftables: what ran, and a table that a flush can remove."""
-
-    def __init__(self):
-        self.ran, self.table = [], False
-
-    def run(self, text):
-        if text.startswith("add element") or text.startswith("delete element"):
-            if not self.table:
-                raise errors.KernelError("No such file or directory")
-        self.ran.append(text)
-        self.table = "delete table" not in text and (self.table or "add table" in text)
-
-    def exists(self, command):
-        return self.table
-
-
-def test_steering_writes_the_table_with_the_first_twin_and_removes_it_with_the_last():
-    nft = FakeNft()
-    st = steering.Steering(nft)
-    st.add(TWINS[0])
-    assert nft.ran[-1].startswith("add table ip pipexctl") and nft.table
-    st.add(TWINS[1])
-    assert nft.ran[-1].startswith("add element") and "4661" in nft.ran[-1]
-    st.remove(TWINS[0])
-    assert nft.ran[-1].startswith("delete element") and "4660" in nft.ran[-1]
-    st.remove(TWINS[1])
-    assert "delete table ip pipexctl" in nft.ran[-1] and not nft.table
-
-
-def test_a_flushed_table_is_put_back_whole_by_check_and_by_the_next_add():
-    nft = FakeNft()
-    st = steering.Steering(nft)
-    st.add(TWINS[0])
-    nft.table = False  # nft flush ruleset
-    assert st.check() and nft.table and st.restored == 1
-    assert "4660" in nft.ran[-1] and nft.ran[-1].startswith("add table")
-    assert not st.check()  # nothing to do while it is there
-    nft.table = False
-    st.add(TWINS[1])  # the element add fails, the whole table is written
-    assert nft.table and "4660" in nft.ran[-1] and "4661" in nft.ran[-1]
-
-
-def test_adopted_twins_are_written_in_one_transaction_by_settle():
-    """After a restart every adopted twin's elements go in with the table in
-    one nft transaction: none of them is ever without its steering."""
-    nft = FakeNft()
-    st = steering.Steering(nft)
-    for t in TWINS:
-        st.hold(t)
-    assert nft.ran == []
-    st.settle()
-    assert len(nft.ran) == 1 and "4660" in nft.ran[0] and "4661" in nft.ran[0] and "flush table" in nft.ran[0]
-    st2 = steering.Steering(nft)
-    st2.settle()  # nothing held (none adopted): the stale table goes
-    assert "delete table ip pipexctl" in nft.ran[-1] and not nft.table
-
-
-@pytest.mark.parametrize("release, per_namespace", [
-    ("6.1.0-57-amd64", False), ("6.10.14", False), ("6.11.0", True), ("6.12.117+deb13-amd64", True),
-    ("7.0.1-arch1", True), ("5.15.0-1-generic", False), ("garbage", False),
-])
-def test_twins_are_steered_only_before_linux_6_11(release, per_namespace):
-    assert sessions_per_namespace(release) is per_namespace
 
 
 def test_detach_with_wait_returns_once_the_relay_thread_let_go_of_the_socket():

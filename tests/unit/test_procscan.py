@@ -1,0 +1,36 @@
+"""The /proc scan for xl2tpd and its children (discovery/procscan.py), with
+real processes standing in for them."""
+
+from __future__ import annotations
+
+import os
+
+
+def test_a_forked_child_of_xl2tpd_still_named_xl2tpd_is_no_daemon():
+    """Between fork() and exec of pppd, xl2tpd's child carries its name: the
+    scan counts the parent alone as an xl2tpd (comm set with prctl here)."""
+    import subprocess
+    import sys
+
+    from pipexctl.discovery import procscan
+
+    code = ("import ctypes, os, sys, time\n"
+            "ctypes.CDLL(None).prctl(15, b'xl2tpd', 0, 0, 0)\n"  # PR_SET_NAME
+            "kid = os.fork()\n"
+            "if kid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+            "print(kid, flush=True)\n"
+            "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        kid = int(p.stdout.readline())
+        assert procscan.comm_ppid(kid) == ("xl2tpd", p.pid)
+        daemons, children = procscan.scan()
+        pids = {d.pid for d in daemons}
+        assert p.pid in pids and kid not in pids and children[p.pid] == []
+    finally:
+        p.kill()
+        p.wait()
+        try:
+            os.kill(kid, 9)
+        except (ProcessLookupError, NameError):
+            pass

@@ -35,7 +35,7 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, Field, ValidationError
 
 from .. import files
-from .state import CallInfo, Instance, TunnelInfo
+from .state import CallInfo, Calls, Instance, TunnelInfo
 
 MAX_BYTES = 64 << 20
 TAIL = 4096  # bytes before a file position that must still be there, unchanged
@@ -91,7 +91,7 @@ class InstanceState(BaseModel):
         ins = Instance(self.name)
         ins.daemon_pid, ins.kernel_mode = self.daemon_pid, self.kernel_mode
         ins.tunnels = {t.tunnel_id: t for t in self.tunnels}
-        ins.calls = {c.call_id: c for c in self.calls}
+        ins.calls = Calls({c.call_id: c for c in self.calls})
         ins.calling, ins.calling_seen = [(a, b) for a, b in self.calling], self.calling_seen
         ins.serial_anchor = (self.serial_anchor[0], self.serial_anchor[1]) if self.serial_anchor is not None else None
         ins.pending_argv = tuple(self.pending_argv) if self.pending_argv is not None else None

@@ -647,9 +647,9 @@ class Discovery:
             return []
         for ins in [i for s in self.sources for i in self._instances_of(s)]:
             if ins.daemon_pid == p.ppid:
-                if any(c.pppd_pid == pid for c in ins.calls.values()):
+                if ins.calls.of_pppd(pid):
                     return []  # already matched
-                cands = [c for c in ins.calls.values() if c.pppd_pid is None and _matches(p, c)]
+                cands = [c for c in ins.calls.without_pppd() if _matches(p, c)]
                 if len(cands) == 1:
                     return self.tracker.observe_pppd(ins.name, cands[0].call_id, pid)
                 return []

@@ -168,6 +168,74 @@ def _argv_int(argv: Sequence[str], name: str) -> Optional[int]:
         return None
 
 
+class Calls(dict[int, CallInfo]):
+    """An instance's calls by call id, also by their pppd's pid (and those
+    whose pppd is not known yet), so that a pppd's request finds its call
+    in steps that do not grow with the calls known.  A call's pppd pid is
+    set once (``Tracker.update_call``), which tells ``pppd_known``."""
+
+    def __init__(self, calls: Optional[dict[int, CallInfo]] = None) -> None:
+        super().__init__()
+        self.by_pppd: dict[int, set[int]] = {}
+        self.no_pppd: set[int] = set()
+        for c in (calls or {}).values():
+            self[c.call_id] = c
+
+    def _index(self, c: CallInfo) -> None:
+        if c.pppd_pid is None:
+            self.no_pppd.add(c.call_id)
+        else:
+            self.by_pppd.setdefault(c.pppd_pid, set()).add(c.call_id)
+
+    def _unindex(self, c: CallInfo) -> None:
+        self.no_pppd.discard(c.call_id)
+        if c.pppd_pid is not None:
+            ids = self.by_pppd.get(c.pppd_pid)
+            if ids is not None:
+                ids.discard(c.call_id)
+                if not ids:
+                    del self.by_pppd[c.pppd_pid]
+
+    def __setitem__(self, call_id: int, c: CallInfo) -> None:
+        old = self.get(call_id)
+        if old is not None:
+            self._unindex(old)
+        super().__setitem__(call_id, c)
+        self._index(c)
+
+    def __delitem__(self, call_id: int) -> None:
+        self._unindex(self[call_id])
+        super().__delitem__(call_id)
+
+    def pop(self, call_id: int, *default: Any) -> Any:
+        c = self.get(call_id)
+        if c is not None:
+            self._unindex(c)
+        return super().pop(call_id, *default)
+
+    def clear(self) -> None:
+        super().clear()
+        self.by_pppd.clear()
+        self.no_pppd.clear()
+
+    def _unsupported(self, *a: Any, **k: Any) -> Any:
+        raise TypeError("Calls: set, pop, del or clear only (each change is indexed)")
+
+    update = setdefault = popitem = __ior__ = _unsupported
+
+    def pppd_known(self, c: CallInfo) -> None:
+        """``c``'s pppd pid was just set (it was None)."""
+        if self.get(c.call_id) is c and c.pppd_pid is not None:
+            self.no_pppd.discard(c.call_id)
+            self.by_pppd.setdefault(c.pppd_pid, set()).add(c.call_id)
+
+    def of_pppd(self, pid: int) -> list[CallInfo]:
+        return [self[cid] for cid in self.by_pppd.get(pid, ())]
+
+    def without_pppd(self) -> list[CallInfo]:
+        return [self[cid] for cid in self.no_pppd]
+
+
 class Instance:
     """The model of one xl2tpd (one log stream / control pipe)."""
 
@@ -176,7 +244,7 @@ class Instance:
         self.daemon_pid: Optional[int] = None
         self.kernel_mode: Optional[bool] = None
         self.tunnels: dict[int, TunnelInfo] = {}
-        self.calls: dict[int, CallInfo] = {}
+        self.calls = Calls()
         # LAC: outgoing calls not yet established, as (n-th "Calling on tunnel"
         # line, tunnel id).  xl2tpd gives each outgoing call the next serial
         # number right when it logs that line (global_serno, 1 at start), so
@@ -218,6 +286,10 @@ class Tracker:
 
     def calls(self) -> list[CallInfo]:
         return [c for i in self.instances.values() for c in i.calls.values()]
+
+    def calls_of_pppd(self, pid: int) -> list[CallInfo]:
+        """The calls that name pppd ``pid`` (one, unless a forged line named it too)."""
+        return [c for i in self.instances.values() for c in i.calls.of_pppd(pid)]
 
     # ---- helpers
     def _ev(self, make: Callable[[], Event]) -> list[Event]:
@@ -275,6 +347,9 @@ class Tracker:
             if v is not None and getattr(c, k) in (None, "unknown") and getattr(c, k) != v:
                 setattr(c, k, v)
                 changed.append(k)
+        if "pppd_pid" in changed:
+            for ins in self.instances.values():  # the one that holds this very object
+                ins.calls.pppd_known(c)
         return self._ev(lambda: CallUpdated(call=c.copy(), fields=changed)) if changed else []
 
     def _lac_call_tunnel(self, ins: Instance, peer: str, serial: int) -> Optional[int]:

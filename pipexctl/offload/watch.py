@@ -181,7 +181,7 @@ class CallWatch:
         while True:
             self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
             self.pending += self.d.observe_process(pid)
-            claims = [c for c in self.d.tracker.calls() if c.pppd_pid == pid]
+            claims = self.d.tracker.calls_of_pppd(pid)
             self._refute(refuted, pid, [c for c in claims if not self._of_parent(c, xl2tpd_pid)],
                          "but that xl2tpd is not its parent")
             claims = [c for c in claims if self._of_parent(c, xl2tpd_pid)]

@@ -167,3 +167,41 @@ def test_every_record_type_is_applied_or_named_as_carrying_nothing():
     kinds = {c for c in vars(lp).values() if isinstance(c, type) and issubclass(c, lp.Rec) and c is not lp.Rec}
     assert {c.__name__ for c in kinds - set(state._ON_RECORD)} == ignored
     assert all(c.__bases__ == (lp.Rec,) for c in kinds)  # a subclass would miss its parent's handler
+
+
+def test_calls_by_pppd_pid_follow_every_change():
+    """A request finds its call through Calls' index (the steps do not grow
+    with the calls known): it must always say what a scan of every call says,
+    through call_up, a pid learnt later, call_down, a reused call id and a
+    checkpoint's restore."""
+    from hypothesis import given, settings, strategies as st
+
+    from pipexctl.discovery import checkpoint
+    from pipexctl.discovery.state import CallInfo
+
+    ops = st.lists(st.tuples(st.sampled_from(["up", "up-no-pid", "pid", "down", "restore"]),
+                             st.sampled_from(["a", "b"]), st.integers(1, 4), st.integers(100, 103)), max_size=25)
+
+    @settings(max_examples=200, deadline=None)
+    @given(ops)
+    def run(steps):
+        t = Tracker()
+        for op, name, cid, pid in steps:
+            ins = t.inst(name)
+            if op in ("up", "up-no-pid"):
+                t.call_up(ins, CallInfo(instance=name, role="lns", peer="192.0.2.1", call_id=cid,
+                                        pppd_pid=pid if op == "up" else None))
+            elif op == "pid" and cid in ins.calls:
+                t.update_call(ins.calls[cid], pppd_pid=pid)
+            elif op == "down":
+                t.call_down(ins, cid, "gone")
+            elif op == "restore":
+                t.instances[name] = checkpoint.InstanceState.of(ins).instance()
+            for p in range(100, 104):
+                want = sorted((c.instance, c.call_id) for c in t.calls() if c.pppd_pid == p)
+                assert sorted((c.instance, c.call_id) for c in t.calls_of_pppd(p)) == want
+            for i in t.instances.values():
+                assert sorted(c.call_id for c in i.calls.without_pppd()) == \
+                    sorted(c.call_id for c in i.calls.values() if c.pppd_pid is None)
+
+    run()

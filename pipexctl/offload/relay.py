@@ -122,6 +122,7 @@ class Relay:
         self._lock = threading.Lock()
         # (op, our copy of the socket to add or the event a detach waits on, (its identity, its addresses))
         self._pending: list[tuple[str, Any, tuple[int, Optional[Key]]]] = []
+        self._by_ident: dict[int, socket.socket] = {}  # the relay thread's own: our copy of each socket relayed
         self._target: tuple[float, Optional[str]] = (0.0, None)  # when read, xl2tpd's address
         self._warned: dict[tuple[str, int], float] = {}  # (peer, port) -> when its dropped SCCRQ was last logged
         self.relayed = 0
@@ -172,14 +173,17 @@ class Relay:
             if op == "add":
                 obj.setblocking(False)
                 self.sel.register(obj, selectors.EVENT_READ, (*data, obj))  # (ident, key, the socket)
+                self._by_ident[data[0]] = obj
             else:
                 obj.set()
 
     def _drop(self, ident: int) -> None:
-        for k in list(self.sel.get_map().values()):
-            if k.data is not None and k.data[0] == ident:
-                self.sel.unregister(k.fileobj)
-                k.data[2].close()
+        # by identity, not by a walk of every socket: attach and detach cost
+        # the same with 10,000 tunnels relayed
+        sock = self._by_ident.pop(ident, None)
+        if sock is not None:
+            self.sel.unregister(sock)
+            sock.close()
 
     def _run(self) -> None:
         while not self._stop:
@@ -197,9 +201,9 @@ class Relay:
                 self.errors += 1
                 log.exception("relay: unexpected error; relaying on")
                 time.sleep(0.1)
-        for k in list(self.sel.get_map().values()):
-            if k.data is not None:
-                k.data[2].close()
+        for sock in self._by_ident.values():
+            sock.close()
+        self._by_ident.clear()
         self.sel.close()
 
     def _drain(self, sock: socket.socket, key: Key) -> None:

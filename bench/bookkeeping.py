@@ -1,5 +1,5 @@
-"""What one offload and one end cost the daemon's own bookkeeping with N calls
-already held (host; the null kernel backend and data path, so only the
+"""What one offload, one end and one request's lookup cost the daemon's own
+bookkeeping with N calls already held (host; the null kernel backend and data path, so only the
 daemon's Python is measured, not the kernel's work).
 
 With 10,000 subscribers a daemon that did O(N) work per offload (say,
@@ -87,13 +87,46 @@ def measure(n: int, layout: str, state_dir: str) -> dict:
         ends.append(time.perf_counter() - t)
     held = sum(len(t.records) for t in svc.tunnels.values())
     size = os.path.getsize(os.path.join(state_dir, "state.json"))
+    lookups = request_lookups(n, layout, state_dir)
 
     def ms(xs: list[float]) -> dict:
         xs = sorted(xs)
         return {"p50": round(statistics.median(xs) * 1000, 3), "p99": round(xs[int(len(xs) * 0.99) - 1] * 1000, 3)}
 
     return {"n": n, "layout": layout, "held_after": held, "state_file_bytes": size,
-            "offload_ms": ms(offloads), "under_lock_ms": ms(builds), "end_ms": ms(ends)}
+            "offload_ms": ms(offloads), "under_lock_ms": ms(builds), "end_ms": ms(ends),
+            "request_lookup_ms": ms(lookups)}
+
+
+def request_lookups(n: int, layout: str, state_dir: str) -> list[float]:
+    """A pppd's request finding its call among n known ones (CallWatch.call_of,
+    its line already read): OPS lookups of calls spread over the n."""
+    from pipexctl.discovery.discovery import Discovery
+    from pipexctl.offload.watch import CallWatch
+
+    log = os.path.join(state_dir, "xl2tpd.log")
+    with open(log, "w") as f:
+        f.write("xl2tpd[100]: xl2tpd version xl2tpd-1.3.18 started on lns PID:100\n")
+        for i in range(1, n + 2):
+            tid, cid = (1, i) if layout == "one-tunnel" else (i, i)  # xl2tpd's call ids are its own, per daemon
+            peer = "10.1.0.1" if layout == "one-tunnel" else f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+            if layout != "one-tunnel" or i == 1:
+                f.write(f"xl2tpd[100]: Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1} "
+                        f"(ref=0/0).  LNS session is 'default'\n")
+            f.write(f"xl2tpd[100]: Call established with {peer}, PID: {100000 + i}, Local: {cid}, "
+                    f"Remote: {cid}, Serial: {i}\n")
+    disc = Discovery([log], proc=False, kernel=False)
+    disc.refresh(control=False, events=False)
+    watch = CallWatch(disc)
+    out = []
+    for k in range(OPS):
+        pid = 100000 + 1 + (k * 7919) % (n + 1)
+        t = time.perf_counter()
+        call, why = watch.call_of(pid, wait=0.0)
+        out.append(time.perf_counter() - t)
+        assert call is not None, why
+    disc.close()
+    return out
 
 
 def _spec(tid: int):
@@ -163,6 +196,7 @@ def main() -> int:
                     rows.append(r)
                     print(f"{layout:10} n={n:6} {name:10} offload p50 {r['offload_ms']['p50']:8.3f} ms "
                           f"(under the lock {r['under_lock_ms']['p50']:8.3f})  end p50 {r['end_ms']['p50']:8.3f} ms  "
+                          f"request lookup p50 {r['request_lookup_ms']['p50']:7.3f} ms  "
                           f"state file {r['state_file_bytes']} B", flush=True)
     finally:
         for tree in trees.values():

@@ -11,6 +11,7 @@ import datetime
 import json
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -195,6 +196,21 @@ def startup_table(su: dict) -> str:
             f"{su['checkpoint_bytes'] / 1e6:.1f} MB; same model both ways: {su['same_model']}.\n")
 
 
+def bookkeeping_table(bk: dict) -> str:
+    """bench/bookkeeping.py's rows (host): per-operation cost against the calls already held."""
+    if not bk.get("rows"):
+        return ""
+    out = ["", "### The daemon's bookkeeping with N calls held (bench/bookkeeping.py, host)", "",
+           "| layout | N | code | offload p50 ms | of it under the lock | end p50 ms | request lookup p50 ms |",
+           "|---|---|---|---|---|---|---|"]
+    for r in bk["rows"]:
+        look = r.get("request_lookup_ms", {}).get("p50")
+        out.append(f"| {r['layout']} | {r['n']:,} | {r.get('code', 'this tree')} | {r['offload_ms']['p50']:.2f} | "
+                   f"{r['under_lock_ms']['p50']:.2f} | {r['end_ms']['p50']:.2f} | "
+                   f"{'-' if look is None else f'{look:.3f}'} |")
+    return "\n".join(out) + "\n"
+
+
 def dp_extra(res: dict) -> str:
     out = ["", "| case | 4 streams median Mbit/s | ping avg / p99 ms | guest CPU % busy | CPU % per Mbit/s |",
            "|---|---|---|---|---|"]
@@ -302,9 +318,13 @@ def main() -> int:
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M")
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
+    # the daemon's own bookkeeping needs no kernel: measured on the host, after the guest has stopped
+    bkf = out / f"{stamp}-bookkeeping.json"
+    if subprocess.run([sys.executable, str(ROOT / "bench" / "bookkeeping.py"), "--out", str(bkf)]).returncode == 0:
+        res["bookkeeping"] = json.loads(bkf.read_text())
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
     md = (table(res) + dp_extra(res) + scale_table(res) + cp_table(cp) + storm_table(res["loginstorm"])
-          + startup_table(res["startup"]))
+          + startup_table(res["startup"]) + bookkeeping_table(res.get("bookkeeping", {})))
     png = out / f"{stamp}.png"
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"
     md += f"\nGuest run: {r.total_seconds / 60:.1f} min.\n"

@@ -101,3 +101,14 @@ def test_the_login_storm_rows_compare_time_to_all_offloaded_with_kernel_modes_al
     md = run.storm_table(st)
     assert "| 100 | 40.0 | 44.0 | 1.10 | 50 / 90 / 120 (100) |" in md
     assert "| 150 | TimeoutError: x | not all up | - | 0 / 0 / 0 (0) |" in md
+
+
+def test_the_bookkeeping_rows_show_each_operation_per_n_and_code():
+    md = _run_module().bookkeeping_table({"rows": [
+        {"layout": "own-tunnel", "n": 10000, "code": "abc1234", "offload_ms": {"p50": 175.9},
+         "under_lock_ms": {"p50": 138.3}, "end_ms": {"p50": 164.5}},
+        {"layout": "own-tunnel", "n": 10000, "code": "this tree", "offload_ms": {"p50": 10.1},
+         "under_lock_ms": {"p50": 1.0}, "end_ms": {"p50": 9.7}, "request_lookup_ms": {"p50": 0.09}}]})
+    assert "| own-tunnel | 10,000 | abc1234 | 175.90 | 138.30 | 164.50 | - |" in md
+    assert "| own-tunnel | 10,000 | this tree | 10.10 | 1.00 | 9.70 | 0.090 |" in md
+    assert _run_module().bookkeeping_table({}) == ""

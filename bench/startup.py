@@ -69,7 +69,7 @@ def start(log: Path, cp: Path) -> tuple[CallWatch, float]:
 
 
 def model(w: CallWatch) -> list:
-    return sorted((c.tunnel_id, c.call_id, c.pppd_pid) for c in w.d.tracker.calls())
+    return sorted((c.tunnel_id, c.call_id, c.pppd_pid) for c in w.discovery.tracker.calls())
 
 
 def main() -> int:
@@ -85,7 +85,7 @@ def main() -> int:
                                  + calls(0, a.history, ended=True) + calls(a.history, a.live, ended=False)) + "\n")
         size = log.stat().st_size
         w, cold = start(log, d / "none.json")
-        lines = w.d.lines_read()
+        lines = w.discovery.lines_read()
         cp = d / "discovery.json"
         w.checkpoint_path = str(cp)
         t = time.monotonic()
@@ -93,18 +93,18 @@ def main() -> int:
         save = time.monotonic() - t
         with w.lock:  # the part of the save the lock covers: the rest is the write
             t = time.monotonic()
-            checkpoint.encode(w.d.checkpoint())
+            checkpoint.encode(w.discovery.checkpoint())
             locked = time.monotonic() - t
-        w.d.close()
+        w.discovery.close()
         with log.open("a") as f:
             f.write("\n".join(calls(a.history + a.live, 1000, ended=False)) + "\n")
         w2, warm = start(log, cp)
-        resumed_lines = w2.d.lines_read()
+        resumed_lines = w2.discovery.lines_read()
         w3, cold2 = start(log, d / "none.json")
         same = model(w2) == model(w3)
-        live = len(w3.d.tracker.calls())
+        live = len(w3.discovery.tracker.calls())
         for w in (w2, w3):
-            w.d.close()
+            w.discovery.close()
         res = {"log_bytes": size, "log_lines": lines, "history_calls": a.history, "live_calls": a.live,
                "cold_start_s": cold, "save_s": save, "save_locked_s": locked, "checkpoint_bytes": cp.stat().st_size,
                "cold_start_after_s": cold2, "resumed_start_s": warm, "resumed_lines": resumed_lines,

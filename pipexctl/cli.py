@@ -5,18 +5,27 @@ Exit codes: 0 ok, 1 operational error (one line on stderr), 2 usage error.
 
 from __future__ import annotations
 
+import faulthandler
 import ipaddress
 import json
+import logging
+import resource
+import signal
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import click
 from pydantic import ValidationError
 
 from . import __version__, defaults, errors
-from .kernel.backend import KernelBackend, PPPChannel
+from .kernel.backend import KernelBackend, NetlinkBackend, PPPChannel
 from .model import Encap, Endpoint, PwType, Session, SessionSpec, TunnelSpec
 from .orchestrator import Orchestrator, meta_bytes
+
+# A command's own modules (discovery, the daemon and its client, the kernel probes, the
+# PPPoL2TP socket, pppd's options files) are imported inside it: `pipexctl` starts on what
+# every command needs, and `pipexctl serve` loads no other command's code (its memory target)
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -43,8 +52,6 @@ class AppContext:
     def orch(self) -> Orchestrator:
         if self._orch is None:
             if self._factory is None:
-                from .kernel.backend import NetlinkBackend
-
                 self._factory = lambda: NetlinkBackend(netns=self.netns)
             self._orch = Orchestrator(self._factory())
         return self._orch
@@ -576,9 +583,7 @@ def _discovery(app: "AppContext", logs: tuple[str, ...], controls: tuple[str, ..
 
 
 def _age(since: float) -> str:
-    import time as _t
-
-    s = max(0, int(_t.time() - since))
+    s = max(0, int(time.time() - since))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
@@ -638,12 +643,10 @@ def watch(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
       pipexctl watch --json --log /var/log/syslog
       xl2tpd -D 2>&1 | tee /tmp/x.log  &  pipexctl watch --log /tmp/x.log
     """
-    import time as _t
-
     from .discovery.state import DataPathChanged, TunnelDown, TunnelUp
 
     d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
-    until = _t.monotonic() + duration if duration else None
+    until = time.monotonic() + duration if duration else None
     try:
         for e in d.events(until=until):
             if as_json:
@@ -723,11 +726,7 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
     Example:
       pipexctl serve --log /var/log/xl2tpd.log --control /var/run/xl2tpd/l2tp-control
     """
-    import logging
-    import signal as _signal
-
-    from .kernel.backend import NetlinkBackend
-    from .offload import journal
+    from .offload import journal, sdnotify
     from .offload.datapath import KernelDataPath
     from .offload.server import OffloadServer
 
@@ -751,12 +750,10 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
                         reconcile_interval=reconcile_interval, state_path=state_path,
                         teardown_on_exit=teardown_on_exit)
     srv.service.max_session_series = metrics_max_sessions
-    from .offload import sdnotify
-
     srv.activated = sdnotify.listen_socket()  # pipexctl.socket: --socket is then systemd's
     httpd = None
     if metrics_listen:
-        from .offload import metrics
+        from .offload import metrics  # prometheus_client: only with --metrics
 
         try:
             httpd = metrics.start(srv.service, metrics_listen)
@@ -764,12 +761,10 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
             d.close()
             backend.close()
             raise errors.SocketError(f"cannot serve metrics on {metrics_listen}: {e.strerror}") from None
-    for sig in (_signal.SIGTERM, _signal.SIGINT):
-        _signal.signal(sig, lambda *_: srv.stop.set())
-    _signal.signal(_signal.SIGHUP, lambda *_: srv.reload.set())
-    import faulthandler
-
-    faulthandler.register(_signal.SIGUSR1, all_threads=True)  # stack of every thread to stderr, for bug reports
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: srv.stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: srv.reload.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stack of every thread to stderr, for bug reports
     try:
         srv.serve_forever()
     finally:
@@ -860,9 +855,6 @@ def offload_disable(xl2tpd_conf: str, options_files: tuple[str, ...], dry_run: b
 def _raise_fd_limit() -> None:
     """The soft fd limit up to the hard one: the daemon holds a pty, a pidfd
     and a share of a tunnel socket per offloaded call (1024 is ~300 calls)."""
-    import logging
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

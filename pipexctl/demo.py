@@ -22,18 +22,16 @@ import argparse
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING
 
 from . import __version__
+from .discovery.discovery import Discovery
+from .discovery.state import CallInfo
 from .kernel.backend import NetlinkBackend
 from .model import Endpoint, PwType, SessionSpec, TunnelSpec
 from .netns import Pair
 from .orchestrator import Orchestrator
-from .testing.lab import iperf
-
-if TYPE_CHECKING:
-    from .discovery.state import CallInfo
-    from .testing.lab import Instance, Lab
+from .testing.lab import Instance, Lab, iperf, plugin_options, wait_ppp
+from .testing.vm import VMError, flavour, run_in_guest
 
 
 def _sh(*cmd: str, check: bool = True) -> str:
@@ -48,8 +46,6 @@ def step(n: int, text: str) -> None:
 
 
 def _discover(lab: Lab, inst: Instance) -> list[CallInfo]:
-    from .discovery.discovery import Discovery
-
     d = Discovery([str(inst.log)], [inst.control], netns=inst.ns)
     try:
         return d.snapshot().calls
@@ -58,8 +54,6 @@ def _discover(lab: Lab, inst: Instance) -> list[CallInfo]:
 
 
 def offload_lab(seconds: int) -> bool:
-    from .testing.lab import Lab, plugin_options, wait_ppp
-
     results = {}
     ok = True
     for n, (mode, extra) in enumerate((("pty", ""), ("pipexctl", plugin_options()))):
@@ -172,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.in_guest:
         return in_guest(a.seconds)
-    from .testing.vm import VMError, flavour, run_in_guest
-
     print(f"Booting the Debian {a.debian} guest (QEMU, software emulation); the lab runs inside it.", flush=True)
     try:
         fl = flavour(f"debian{a.debian}")

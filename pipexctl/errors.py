@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno as _errno
 import logging
+import os
 from typing import Callable, Optional
 
 
@@ -95,7 +96,7 @@ def from_errno(code: int, what: str, action: str) -> PipexError:
         return ConflictError(f"cannot {action} {what}: address already in use", errno=code)
     if code == _errno.EADDRNOTAVAIL:
         return InvalidArgumentError(f"cannot {action} {what}: local address is not configured here", errno=code)
-    return KernelError(f"cannot {action} {what}: {_errno.errorcode.get(code, code)} ({_os_strerror(code)})", errno=code)
+    return KernelError(f"cannot {action} {what}: {_errno.errorcode.get(code, code)} ({os.strerror(code)})", errno=code)
 
 
 def first_error(e: Exception) -> str:
@@ -107,12 +108,6 @@ def first_error(e: Exception) -> str:
             msg = str(items[0].get("msg", e))
             return msg.removeprefix("Value error, ")
     return str(e)
-
-
-def _os_strerror(code: int) -> str:
-    import os
-
-    return os.strerror(code)
 
 
 def quietly(fn: Callable[[], object], log: Optional[logging.Logger] = None) -> None:

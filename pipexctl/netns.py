@@ -15,6 +15,8 @@ import subprocess
 import uuid
 from typing import Any, Iterator
 
+from .errors import NotFoundError
+
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -33,8 +35,6 @@ def enter(name: str) -> Iterator[None]:
         target = os.open(name if name.startswith("/") else f"/run/netns/{name}", os.O_RDONLY)
     except OSError as e:
         os.close(here)
-        from .errors import NotFoundError
-
         raise NotFoundError(f"network namespace {name} does not exist ({e.strerror})") from None
     try:
         _setns(target)

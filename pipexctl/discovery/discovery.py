@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Optional, Protocol, U
 from pydantic import ValidationError
 
 from .. import defaults, errors
+from ..kernel.backend import NetlinkBackend
 from . import checkpoint as cpt, logparse as lp, procscan
 from .control import Available, ControlClient, ControlError, StatusTunnel
 from .state import CallDown, CallInfo, CallUp, Event, Instance, Tracker, TunnelDown, TunnelInfo, TunnelUp
 
 if TYPE_CHECKING:
     import threading
-
-    from ..kernel.backend import NetlinkBackend
 
 DEFAULT_LOGS = ["/var/log/syslog", "/var/log/daemon.log", "journal:xl2tpd"]
 
@@ -660,8 +659,6 @@ class Discovery:
             return []
         try:
             if self._backend is None:
-                from ..kernel.backend import NetlinkBackend
-
                 self._backend = NetlinkBackend(netns=self.netns)
             sessions = self._backend.session_ids()
         except errors.PipexError as e:

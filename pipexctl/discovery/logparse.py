@@ -29,7 +29,7 @@ import ipaddress
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
 if TYPE_CHECKING:
@@ -503,7 +503,7 @@ class LineParser:
         self.malformed = 0
 
     def state(self) -> ParserState:
-        from .checkpoint import ParserState
+        from .checkpoint import ParserState  # an import cycle: checkpoint imports state, which imports this module
 
         return ParserState(argv=list(self._argv) if self._argv is not None else None, argv_pid=self._argv_pid,
                            last_pid=self.last_pid)
@@ -599,9 +599,7 @@ class LineParser:
 
 
 def _with_ts(rec: Record, ts: float) -> Record:
-    import dataclasses
-
-    return dataclasses.replace(rec, ts=ts)
+    return replace(rec, ts=ts)
 
 
 def parse_lines(lines: Iterable[str], identifier: str = "xl2tpd") -> list[Record]:

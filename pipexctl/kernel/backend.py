@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 from .. import errors
 from ..model import Session, SessionSpec, Stats, Tunnel, TunnelSpec
 
-if TYPE_CHECKING:  # imported when a backend opens: pyroute2 costs memory a NullBackend user need not pay
+# NetlinkBackend imports netlink (pyroute2: memory), pppol2tp and netns (ctypes, and a libc
+# lookup that runs ldconfig) where it first needs them: a NullBackend user, and `pipexctl`'s
+# start (the CLI imports this module), need not pay for them
+if TYPE_CHECKING:
     from .netlink import L2tpNetlink
 
 

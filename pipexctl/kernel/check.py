@@ -78,7 +78,7 @@ def _twins() -> Check:
 
 def _genl() -> Check:
     try:
-        from .netlink import L2tpNetlink
+        from .netlink import L2tpNetlink  # pyroute2: only `pipexctl check` asks for the family
 
         with L2tpNetlink():
             pass

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
+from prometheus_client import ProcessCollector, start_http_server
 from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
@@ -20,6 +21,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+from .. import __version__
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -31,8 +34,6 @@ SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes
 
 def families(m: dict[str, Any]) -> Iterator[Metric]:
     """Prometheus metric families from one ``metrics()`` snapshot."""
-    from .. import __version__
-
     yield InfoMetricFamily("pipexctl_build", "pipexctl's version", value={"version": __version__})
     g = GaugeMetricFamily("pipexctl_calls", "xl2tpd calls known to discovery, by role and data path",
                           labels=["role", "data_path"])
@@ -128,11 +129,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def start(service: OffloadService, listen: str) -> WSGIServer:
     """Serve /metrics on ``listen`` in a thread; returns the HTTP server."""
-    from prometheus_client import start_http_server
-
     host, port = parse_listen(listen)
-    from prometheus_client import ProcessCollector
-
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ServeCollector(service))
     ProcessCollector(registry=reg)  # process_cpu_seconds_total, process_open_fds, process_resident_memory_bytes

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
+from ..kernel.backend import NetlinkBackend
 
 if TYPE_CHECKING:
     from .service import OffloadService
@@ -56,8 +57,6 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
     with svc.metrics_lock:
         try:
             if svc.metrics_backend is None:
-                from ..kernel.backend import NetlinkBackend
-
                 svc.metrics_backend = (NetlinkBackend(netns=svc.backend.netns)
                                   if isinstance(svc.backend, NetlinkBackend) else svc.backend)
             sessions = [s for s in svc.metrics_backend.session_dump() if (s.tunnel_id, s.session_id) in owned]
@@ -89,7 +88,7 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
 
 def histogram(svc: "OffloadService") -> dict[str, object]:
     """Cumulative counts per upper bound (seconds), as Prometheus wants them."""
-    from .service import LATENCY_BUCKETS
+    from .service import LATENCY_BUCKETS  # an import cycle: service imports this module
 
     with svc.counter_lock:
         counts, total = list(svc.latency_hist), svc.latency_sum

@@ -38,7 +38,7 @@ from ..discovery.state import CallIds, CallInfo
 from ..kernel.backend import KernelBackend, PPPChannel
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from ..orchestrator import Orchestrator, Transaction
-from . import statefile
+from . import report, statefile
 from .datapath import DataPath
 from .endings import Endings
 from .exits import Exits
@@ -375,7 +375,7 @@ class OffloadService(Endings):
                 # reported yet (its ids are random): that tunnel is gone when
                 # xl2tpd's control pipe lists the new one, or when its pppds
                 # are; otherwise the log's claim is the doubtful part
-                listed = self.watch.d.listed_by_control(call, float("-inf"))
+                listed = self.watch.discovery.listed_by_control(call, float("-inf"))
                 alive = [r.pppd_pid for r in ts.records.values() if self.exits.alive(r.pppd_pid)]
                 if alive and listed is not True:
                     raise errors.ConflictError(
@@ -503,11 +503,7 @@ class OffloadService(Endings):
         self.exits.close()
 
     def status(self) -> dict[str, Any]:
-        from .report import status
-
-        return status(self)
+        return report.status(self)
 
     def metrics(self) -> dict[str, Any]:
-        from .report import metrics
-
-        return metrics(self)
+        return report.metrics(self)

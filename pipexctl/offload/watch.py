@@ -98,7 +98,7 @@ class CallWatch:
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
         # that the data path needs), so they run rarely, and on demand while a
         # pppd waits for its channel.
-        self.d = discovery
+        self.discovery = discovery
         self.log_interval, self.reconcile_interval = log_interval, reconcile_interval
         self.lock = threading.Lock()
         self.polled = threading.Condition(self.lock)  # notified after each discovery poll
@@ -122,10 +122,10 @@ class CallWatch:
                 cp, warning = checkpoint.load(self.checkpoint_path)
                 if warning:
                     log.warning("%s", warning)
-                for line in self.d.resume(cp) if cp is not None else []:
+                for line in self.discovery.resume(cp) if cp is not None else []:
                     log.info("discovery: %s", line)
-            self.d.refresh(events=False)
-            lines = self.d.lines_read()
+            self.discovery.refresh(events=False)
+            lines = self.discovery.lines_read()
         log.info("discovery: first read of %d log line(s) in %.0f ms", lines, (time.monotonic() - t) * 1000)
 
     def save_checkpoint(self) -> None:
@@ -134,10 +134,10 @@ class CallWatch:
             return
         with self._saving:
             with self.lock:
-                lines = self.d.lines_read()
+                lines = self.discovery.lines_read()
                 if lines == self._saved_at[1]:
                     return
-                data = checkpoint.encode(self.d.checkpoint())
+                data = checkpoint.encode(self.discovery.checkpoint())
             try:
                 checkpoint.write(self.checkpoint_path, data)
             except OSError as e:
@@ -148,7 +148,7 @@ class CallWatch:
     def refresh(self) -> list[Event]:
         """SIGHUP: every source again (logs are followed by name anyway)."""
         with self.lock:
-            return self.d.refresh()
+            return self.discovery.refresh()
 
     def call_of(self, pid: int, wait: float, xl2tpd_pid: Optional[int] = None) -> tuple[Optional[CallInfo], str]:
         """The call of pppd ``pid``, once discovery knows it (bounded by ``wait``),
@@ -179,9 +179,9 @@ class CallWatch:
         asked, kicked = float("-inf"), False
         refuted: dict[tuple[str, Optional[int], int], CallInfo] = {}
         while True:
-            self.pending += self.d.poll(reconcile=False)  # new log lines only: cheap
-            self.pending += self.d.observe_process(pid)
-            claims = self.d.tracker.calls_of_pppd(pid)
+            self.pending += self.discovery.poll(reconcile=False)  # new log lines only: cheap
+            self.pending += self.discovery.observe_process(pid)
+            claims = self.discovery.tracker.calls_of_pppd(pid)
             self._refute(refuted, pid, [c for c in claims if not self._of_parent(c, xl2tpd_pid)],
                          "but that xl2tpd is not its parent")
             claims = [c for c in claims if self._of_parent(c, xl2tpd_pid)]
@@ -240,15 +240,15 @@ class CallWatch:
         the lock, which is released while the question is out (xl2tpd
         answers slowly in a login storm, and requests and the watcher go on
         meanwhile).  Returns the failures (logged by the watcher)."""
-        known = self.d.control_known()
+        known = self.discovery.control_known()
         self._asking = time.monotonic()
         self.lock.release()
         try:
-            answers = self.d.fetch_control()
+            answers = self.discovery.fetch_control()
         finally:
             self.lock.acquire()
             self._asking = None
-        self.pending += self.d.apply_control(answers, known)  # failures join d.warnings: the watcher logs them
+        self.pending += self.discovery.apply_control(answers, known)  # failures join discovery.warnings: _poll logs them
         self.polled.notify_all()
         return [e for *_, e in answers if e is not None]
 
@@ -265,7 +265,7 @@ class CallWatch:
     def _of_parent(self, c: CallInfo, xl2tpd_pid: Optional[int]) -> bool:
         """Claim ``c`` comes from the lines of pppd's own xl2tpd (or that
         cannot be told: no verified parent, or the lines' xl2tpd not known)."""
-        ins = self.d.tracker.instances.get(c.instance)
+        ins = self.discovery.tracker.instances.get(c.instance)
         known = ins.daemon_pid if ins is not None else None
         return xl2tpd_pid is None or known is None or known == xl2tpd_pid
 
@@ -274,28 +274,28 @@ class CallWatch:
         gave it: True or False, None when it has not answered since
         ``since``.  True when there is nothing to ask (an xl2tpd without a
         control pipe given)."""
-        if not self.d.has_control(c.instance):
+        if not self.discovery.has_control(c.instance):
             return True
-        return self.d.listed_by_control(c, since)
+        return self.discovery.listed_by_control(c, since)
 
     def calls(self) -> list[CallInfo]:
         """Copies of the calls discovery knows."""
         with self.lock:
-            return [c.copy() for c in self.d.tracker.calls()]
+            return [c.copy() for c in self.discovery.tracker.calls()]
 
     def instances(self) -> list[dict[str, object]]:
         """Each xl2tpd discovery follows: name, pid, kernel or userspace mode."""
         with self.lock:
             return [{"instance": i.name, "pid": i.daemon_pid,
                      "mode": {True: "kernel", False: "userspace", None: "unknown"}[i.kernel_mode]}
-                    for i in self.d.tracker.instances.values()]
+                    for i in self.discovery.tracker.instances.values()]
 
     def paths(self) -> Counter[tuple[Role, DataPath]]:
         """Known calls by (role, data path), for the metrics.  A scrape never
         waits for the lock a request may hold: the last count is given then."""
         if self.lock.acquire(blocking=False):
             try:
-                self._paths = Counter((c.role, c.data_path) for c in self.d.tracker.calls())
+                self._paths = Counter((c.role, c.data_path) for c in self.discovery.tracker.calls())
             finally:
                 self.lock.release()
         return Counter(self._paths)
@@ -344,7 +344,7 @@ class CallWatch:
         ev: list[Event] = []
         t = time.monotonic()
         scanned = None
-        if full and self.d.proc:
+        if full and self.discovery.proc:
             try:
                 scanned = procscan.scan()  # outside the lock: slow under TCG
             except OSError as e:  # out of fds: no scan this round, and no end read into a failed one
@@ -352,15 +352,15 @@ class CallWatch:
                 full = False
         with self.lock:
             try:
-                ev = self.d.poll(reconcile=full, scanned=scanned)
+                ev = self.discovery.poll(reconcile=full, scanned=scanned)
             except OSError as e:  # out of fds (procscan raises rather than call a process gone)
                 log.warning("discovery poll failed: %s", e)
             except Exception:  # never let the watcher die: log and go on
                 log.exception("discovery poll failed")
             ev, self.pending = self.pending + ev, []
-            for w in self.d.warnings:
+            for w in self.discovery.warnings:
                 log.warning("discovery: %s", w)
-            del self.d.warnings[:]
+            del self.discovery.warnings[:]
             self.polled.notify_all()
             took = time.monotonic() - t
         if took > 1.0:

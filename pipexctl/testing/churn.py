@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from typing import Any, Callable
@@ -100,8 +101,6 @@ def churn(cycles: int, lacs: int = 2, sections: int = 5, kinds: tuple[str, ...] 
                     for lac in lab.lacs:
                         lab.disconnect(lac, section)
             elif kind == "lns-hangup":
-                import subprocess
-
                 out = subprocess.run(["ip", "-n", lab.lns.ns, "l2tp", "show", "session"], capture_output=True,
                                      text=True).stdout
                 for line in out.splitlines():

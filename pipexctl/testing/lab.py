@@ -9,18 +9,28 @@ root in a kernel with L2TP/PPP (the guest).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import fcntl
+import json
 import os
+import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
+import sys
 import tempfile
+import termios
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 
+from ..discovery.control import write_request
+from ..offload.client import ask
 from .probe import ip_json
 
 PPP_OPTS_COMMON = """noauth
@@ -191,8 +201,6 @@ pppoptfile = {lac.dir}/options
 
     def serve_status(self, inst: Instance) -> dict[str, Any]:
         """The daemon's ``status`` reply (tunnels, stats, reconcile, latency)."""
-        from ..offload.client import ask
-
         return ask(self.serve_socket(inst), {"op": "status"})
 
     def serve(self, inst: Instance, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -204,8 +212,6 @@ pppoptfile = {lac.dir}/options
                   env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
         """Start one `pipexctl serve` per instance at once (default: all), then
         wait until each accepts (Python starts slowly under TCG: ~10 s each)."""
-        import sys
-
         insts = insts if insts is not None else self.instances()
         procs = []
         for inst in insts:
@@ -247,12 +253,6 @@ pppoptfile = {lac.dir}/options
         and wait until xl2tpd has read it: xl2tpd 1.3.18 takes one read() as
         one request, so two requests in the pipe at once become one garbled
         one ("No such tunnel 'lns2\\nc'")."""
-        import fcntl
-        import struct
-        import termios
-
-        from ..discovery.control import write_request
-
         end = time.monotonic() + timeout
         # xl2tpd just started may not have opened its end yet: wait for it the whole timeout
         fd = write_request(inst.control, (line + "\n").encode(), timeout, timeout)
@@ -364,9 +364,6 @@ def kernel_objects(ns: str) -> dict[str, int]:
     """What independent tools see in ``ns``: iproute2's L2TP tunnels and
     sessions, /proc/net/pppol2tp's PPP sessions, nft's steering rules, PPP
     links."""
-    import json
-    import re
-
     def run(*c: str) -> str:
         return subprocess.run(list(c), capture_output=True, text=True).stdout
 
@@ -393,9 +390,6 @@ def open_fds(pid: int) -> int:
 
 def fd_kinds(pid: int) -> dict[str, int]:
     """A process's open fds by kind ("socket", "pipe", "/dev/pts/*", "anon_inode:...", paths)."""
-    import collections
-    import re
-
     inodes: dict[str, str] = {}  # socket inode -> protocol, from the process's /proc/net tables
     for proto, col in (("udp", 9), ("udp6", 9), ("tcp", 9), ("unix", 6), ("netlink", 9), ("raw", 9)):
         try:
@@ -421,8 +415,6 @@ def fd_kinds(pid: int) -> dict[str, int]:
 
 
 def _accepts(path: str) -> bool:
-    import socket
-
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(path)
@@ -512,8 +504,6 @@ def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1,
                  reverse: bool = False) -> dict[str, Any]:
     """One iperf3 TCP run from ``client_ns`` to a server on ``addr`` (see iperf_server):
     iperf3's ``end.sum_received``.  A failed run raises RuntimeError with iperf3's own error."""
-    import json
-
     args = ["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-p", str(IPERF_PORT), "-t", str(seconds),
             "-P", str(streams), "-J"]
     if reverse:

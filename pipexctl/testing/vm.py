@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import lzma
 import os
 import re
 import shlex
@@ -260,8 +261,6 @@ def _module_closure(version: str, names: tuple[str, ...], root: Path = Path("/")
 def _module_bytes(path: Path) -> tuple[str, bytes]:
     """A module's name and contents for insmod (Debian 13 compresses modules with xz)."""
     if path.name.endswith(".xz"):
-        import lzma
-
         return path.name[:-3], lzma.decompress(path.read_bytes())
     return path.name, path.read_bytes()
 

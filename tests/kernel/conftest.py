@@ -115,12 +115,12 @@ class Watcher:
         import threading
         import time
 
-        self.d, self.got, self._stop = discovery, [], threading.Event()
+        self.discovery, self.got, self._stop = discovery, [], threading.Event()
         self._t = threading.Thread(target=self._run, args=(time.monotonic() + limit,), daemon=True)
         self._t.start()
 
     def _run(self, until: float) -> None:
-        for e in self.d.events(poll=0.1, reconcile_every=0.5, until=until, stop=self._stop):
+        for e in self.discovery.events(poll=0.1, reconcile_every=0.5, until=until, stop=self._stop):
             self.got.append(e)
 
     def wait_for(self, pred, what: str, timeout: float = 60) -> None:
@@ -129,7 +129,7 @@ class Watcher:
     def stop(self) -> None:
         self._stop.set()
         self._t.join(10)
-        self.d.close()
+        self.discovery.close()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from .conftest import call, offload, serving
 def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp_path):
     offload(srv, call(1))
     srv.service.refused("no_call", 5151)
-    c3 = srv.watch.d.tracker.inst("xl2tpd").calls[3]
+    c3 = srv.watch.discovery.tracker.inst("xl2tpd").calls[3]
     c3.pppd_pid, c3.data_path = 5151, "userspace"
     with serving(srv):
         r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path, "--json"])

@@ -299,7 +299,7 @@ class StubControl:
 
 
 def _with_control(w, stub):
-    (source,) = w.d.sources
+    (source,) = w.discovery.sources
     source.control = stub
     return stub
 
@@ -404,7 +404,7 @@ def test_a_scrape_never_waits_for_a_request_holding_discovery(watched):
     w, log = watched
     with log.open("a") as f:
         f.write(_call_lines(4321, 100))
-    w.d.poll(reconcile=False)
+    w.discovery.poll(reconcile=False)
     assert sum(w.paths().values()) == 1
     got = []
     with w.lock:  # a request waiting for its call holds it
@@ -443,17 +443,17 @@ def test_a_control_answer_fetched_before_a_call_began_does_not_end_it(watched):
     _with_control(w, StubControl([100]))
     with log.open("a") as f:
         f.write(_call_lines(4321, 100))
-    w.d.poll(reconcile=False)
-    known = w.d.control_known()
-    answers = w.d.fetch_control()  # xl2tpd answers: call 100 only
+    w.discovery.poll(reconcile=False)
+    known = w.discovery.control_known()
+    answers = w.discovery.fetch_control()  # xl2tpd answers: call 100 only
     with log.open("a") as f:  # then call 200 is established and logged
         f.write("xl2tpd[147]: Call established with 10.99.1.2, PID: 4322, Local: 200, Remote: 201, Serial: 2\n")
-    w.d.poll(reconcile=False)
-    ev = w.d.apply_control(answers, known)
-    assert {c.call_id for c in w.d.tracker.calls()} == {100, 200}, ev
+    w.discovery.poll(reconcile=False)
+    ev = w.discovery.apply_control(answers, known)
+    assert {c.call_id for c in w.discovery.tracker.calls()} == {100, 200}, ev
     # a later answer that still does not list it does end it
-    ev = w.d.apply_control(w.d.fetch_control(), w.d.control_known())
-    assert {c.call_id for c in w.d.tracker.calls()} == {100}
+    ev = w.discovery.apply_control(w.discovery.fetch_control(), w.discovery.control_known())
+    assert {c.call_id for c in w.discovery.tracker.calls()} == {100}
 
 
 def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):
@@ -503,8 +503,8 @@ def test_a_claim_from_another_xl2tpds_lines_is_passed_over(watched):
     try:
         with log.open("a") as f:
             f.write(_call_lines(pppd.pid, 100))
-        w.d.poll(reconcile=False)
-        w.d.tracker.inst(w.d.sources[0].name).daemon_pid = 147  # the lines' xl2tpd, as discovery verified it
+        w.discovery.poll(reconcile=False)
+        w.discovery.tracker.inst(w.discovery.sources[0].name).daemon_pid = 147  # the lines' xl2tpd, as discovery verified it
         call, why = w.call_of(pppd.pid, 0.5, xl2tpd_pid=999)  # pppd's parent is another xl2tpd
         assert call is None, why
         call, why = w.call_of(pppd.pid, 0.5, xl2tpd_pid=147)
@@ -525,8 +525,8 @@ def test_a_listed_call_id_of_another_peer_does_not_confirm_a_claim(watched):
             f.write("xl2tpd[147]: Connection established to 10.99.7.7, 1701.  Local: 556, Remote: 557 (ref=0/0).  "
                     "LNS session is 'default'\n")
             f.write(_call_lines(pppd.pid, 100, peer="10.99.7.7", tid=555))
-        w.d.poll(reconcile=False)
-        assert [c.tunnel_id for c in w.d.tracker.calls() if c.pppd_pid == pppd.pid] == [None]
+        w.discovery.poll(reconcile=False)
+        assert [c.tunnel_id for c in w.discovery.tracker.calls() if c.pppd_pid == pppd.pid] == [None]
         call, why = w.call_of(pppd.pid, 1.0)
         assert call is None, (call, why)
     finally:
@@ -545,8 +545,8 @@ def test_a_lac_claim_on_a_tunnel_xl2tpd_does_not_list_is_passed_over(watched):
             f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 777, Remote: 778 (ref=1/1).\n"
                     f"xl2tpd[147]: parameters: Local: 300 , Remote: 301 , Serial: 1 , Pid: {pppd.pid} , "
                     f"Tunnelid: 777 , Phoneid: x\n")
-        w.d.poll(reconcile=False)
-        claims = [c for c in w.d.tracker.calls() if c.pppd_pid == pppd.pid]
+        w.discovery.poll(reconcile=False)
+        claims = [c for c in w.discovery.tracker.calls() if c.pppd_pid == pppd.pid]
         assert claims and claims[0].role == "lac", claims  # the lines made it a LAC call
         call, why = w.call_of(pppd.pid, 1.0)
         assert call is None and "does not list it" in why, why
@@ -566,7 +566,7 @@ def test_a_tunnel_id_of_a_live_offloaded_tunnel_is_not_taken_on_the_logs_word(sv
             svc.offload(claim, 4343)
         assert svc.tunnels[("xl2tpd", 100)].peer_tunnel_id == 200 and list(svc.tunnels[("xl2tpd", 100)].records) == [1]
         # xl2tpd's control pipe lists the new tunnel's call: the old tunnel is gone for xl2tpd
-        svc.watch.d.listed["xl2tpd"] = Listed(time.monotonic(), frozenset({(100, 300)}),
+        svc.watch.discovery.listed["xl2tpd"] = Listed(time.monotonic(), frozenset({(100, 300)}),
                                               frozenset({("192.0.2.7", 300, 5)}))
         offload(svc, claim)
         assert svc.tunnels[("xl2tpd", 100)].peer_tunnel_id == 300
@@ -582,14 +582,14 @@ def test_a_call_the_control_pipe_listed_before_its_line_is_completed_not_ended(w
     _with_control(w, StubControl([100]))
     with log.open("a") as f:
         f.write(_call_lines(4321, 200))  # the tunnel line, and another call the pppd of which asks
-    w.d.poll(reconcile=False)
-    ev = w.d.apply_control(w.d.fetch_control(), w.d.control_known())  # lists call 100, not yet in the log
-    assert 100 in {c.call_id for c in w.d.tracker.calls()}
+    w.discovery.poll(reconcile=False)
+    ev = w.discovery.apply_control(w.discovery.fetch_control(), w.discovery.control_known())  # lists call 100, not yet in the log
+    assert 100 in {c.call_id for c in w.discovery.tracker.calls()}
     with log.open("a") as f:
         f.write("xl2tpd[147]: Call established with 10.99.1.2, PID: 4322, Local: 100, Remote: 101, Serial: 2\n")
-    ev = w.d.poll(reconcile=False)
+    ev = w.discovery.poll(reconcile=False)
     assert not [e for e in ev if type(e).__name__ == "CallDown"], ev
-    (c,) = [c for c in w.d.tracker.calls() if c.call_id == 100]
+    (c,) = [c for c in w.discovery.tracker.calls() if c.call_id == 100]
     assert c.pppd_pid == 4322 and c.peer_call_id == 101
 
 

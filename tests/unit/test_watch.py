@@ -139,16 +139,16 @@ def test_the_daemon_saves_at_stop_and_resumes_at_start(tmp_path, caplog):
     first = path.stat().st_mtime_ns
     w.save_checkpoint()
     assert path.stat().st_mtime_ns == first, "nothing read since: not written again"
-    known = model(w.d)
-    w.d.close()
+    known = model(w.discovery)
+    w.discovery.close()
     with log.open("a") as f:
         f.write("".join(lines[40:]))
     w2 = CallWatch(Discovery([str(log)], proc=False, kernel=False), checkpoint_path=str(path))
     w2.first_read()
-    assert w2.d.lines_read() == len(lines) - 40
+    assert w2.discovery.lines_read() == len(lines) - 40
     assert "resumed at offset" in caplog.text
     whole = Discovery([str(log)], proc=False, kernel=False)
     whole.refresh(control=False, events=False)
-    assert model(w2.d) == model(whole) != known
+    assert model(w2.discovery) == model(whole) != known
     whole.close()
-    w2.d.close()
+    w2.discovery.close()

@@ -18,6 +18,7 @@ from typing import Any, Callable, Literal, NamedTuple, Optional, Sequence, Union
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
+from ..indexed import Indexed
 from . import logparse as lp
 
 DataPath = Literal["kernel", "userspace", "unknown"]
@@ -168,7 +169,7 @@ def _argv_int(argv: Sequence[str], name: str) -> Optional[int]:
         return None
 
 
-class Calls(dict[int, CallInfo]):
+class Calls(Indexed[int, CallInfo]):
     """An instance's calls by call id, also by their pppd's pid (and those
     whose pppd is not known yet), so that a pppd's request finds its call
     in steps that do not grow with the calls known.  A call's pppd pid is
@@ -217,11 +218,6 @@ class Calls(dict[int, CallInfo]):
         super().clear()
         self.by_pppd.clear()
         self.no_pppd.clear()
-
-    def _unsupported(self, *a: Any, **k: Any) -> Any:
-        raise TypeError("Calls: set, pop, del or clear only (each change is indexed)")
-
-    update = setdefault = popitem = __ior__ = _unsupported
 
     def pppd_known(self, c: CallInfo) -> None:
         """``c``'s pppd pid was just set (it was None)."""

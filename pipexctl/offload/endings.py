@@ -44,6 +44,7 @@ class Endings:
     ptys: "PtyHolder"
     save: Callable[..., None]
     write_saved: Callable[[], None]
+    write_later: Callable[[], None]
 
     def _end_call(self, ts: "TunnelState", call_id: int, why: str, delete: bool = True) -> None:
         """Remove an offloaded session (``delete``: from the kernel too; it is
@@ -163,7 +164,7 @@ class Endings:
         the twins' steering; a watched process may have exited."""
         self.datapath.check()
         self.sweep()
-        self.write_saved()  # a change recorded by any other path and not written yet
+        self.write_later()  # a change recorded by any other path and not written yet
 
     def busy(self) -> bool:
         """Something needs the watcher's half-second round: a twins' table to

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 
 from .. import defaults, errors
 from ..discovery.state import CallIds, CallInfo
+from ..indexed import Indexed
 from ..kernel.backend import KernelBackend, PPPChannel
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from ..orchestrator import Orchestrator, Transaction
@@ -84,7 +85,7 @@ def reason_label(e: Exception) -> str:
     return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(n))
 
 
-class Records(dict[int, SessionRecord]):
+class Records(Indexed[int, SessionRecord]):
     """A tunnel's offloaded sessions by call id, each also kept encoded for
     the state file; every change tells the tunnel table (``changed``)."""
 
@@ -115,11 +116,6 @@ class Records(dict[int, SessionRecord]):
         self.encoded.clear()
         self.changed()
 
-    def _unsupported(self, *a: Any, **k: Any) -> Any:
-        raise TypeError("Records: set, pop, del or clear only (each change is encoded for the state file)")
-
-    update = setdefault = popitem = __ior__ = _unsupported
-
 
 @dataclass
 class TunnelState:
@@ -136,9 +132,19 @@ class TunnelState:
     down: Optional[str] = None  # discovery said it ended while pppds still ran: why
     _head: Optional[bytes] = field(default=None, init=False, repr=False, compare=False)  # its own fields, encoded
 
+    # what the state file says of the tunnel itself: encoded once, so fixed once made
+    FILE_FIELDS = frozenset({"instance", "tunnel_id", "peer_tunnel_id", "local", "peer", "peer_port", "local_port",
+                             "xl2tpd_pid", "records"})
+
     def __post_init__(self) -> None:
         if not isinstance(self.records, Records):
             self.records = Records(self.records)
+        object.__setattr__(self, "_made", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.FILE_FIELDS and self.__dict__.get("_made"):
+            raise AttributeError(f"TunnelState.{name} is fixed once the tunnel is made (the state file encodes it)")
+        object.__setattr__(self, name, value)
 
     def record(self, sessions: bool = True) -> TunnelRecord:
         return TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id, peer_tunnel_id=self.peer_tunnel_id,
@@ -159,7 +165,7 @@ TunnelKey = tuple[str, int]  # (xl2tpd instance, tunnel id)
 Addresses = tuple[str, str, int, int]  # local address, peer address and port, local port
 
 
-class TunnelTable(dict[TunnelKey, TunnelState]):
+class TunnelTable(Indexed[TunnelKey, TunnelState]):
     """The offloaded tunnels by (instance, tunnel id).  What costs as many
     steps as there are tunnels is kept up to date as they change, so an
     offload costs the same with 10 or 10,000 calls held: the state file's
@@ -206,8 +212,6 @@ class TunnelTable(dict[TunnelKey, TunnelState]):
         for key in list(self):
             del self[key]
 
-    update = setdefault = popitem = __ior__ = Records._unsupported
-
     def on_addresses(self, addresses: Addresses) -> int:
         """How many tunnels have these addresses and ports."""
         return self._on.get(addresses, 0)
@@ -253,6 +257,7 @@ class OffloadService(Endings):
         self.metrics_backend: Optional[KernelBackend] = None  # metrics' own netlink socket: a scrape never waits for lock
         self.metrics_lock = threading.Lock()
         self.failpoints = _failpoints()
+        self._write_warned = float("-inf")
 
     def failpoint(self, name: str) -> None:
         if name in self.failpoints:
@@ -318,16 +323,20 @@ class OffloadService(Endings):
         its copy."""
         t = time.monotonic()
         tsock, dup_failed = -1, None
-        with self.lock:
-            t_locked = time.monotonic()
-            ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid)
-            if hand_off is not None and ts.sock is not None:
-                # our own copy: the tunnel may be dropped (and its socket
-                # closed) by another thread while pppd is handed this one
-                try:
-                    tsock = os.dup(ts.sock.fileno())
-                except OSError as e:  # out of fds: undone below, as a hand-off that failed
-                    dup_failed = e
+        try:
+            with self.lock:
+                t_locked = time.monotonic()
+                ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid)
+                if hand_off is not None and ts.sock is not None:
+                    # our own copy: the tunnel may be dropped (and its socket
+                    # closed) by another thread while pppd is handed this one
+                    try:
+                        tsock = os.dup(ts.sock.fileno())
+                    except OSError as e:  # out of fds: undone below, as a hand-off that failed
+                        dup_failed = e
+        except BaseException:
+            self.write_saved()  # what the rollback recorded, written after the lock
+            raise
         t_built = time.monotonic()
         try:
             if dup_failed is not None:
@@ -366,7 +375,7 @@ class OffloadService(Endings):
         if ids is None:
             raise errors.InvalidArgumentError(f"call {call.call_id}: its tunnel and peer ids are not all known")
         with self.orch.transaction() as tx:
-            tx.on_rollback(self.save)  # registered first: runs last
+            tx.on_rollback(lambda: self.save(now=False))  # registered first: runs last; written by offload()
             key = (call.instance, ids.tunnel_id)
             ts = self.tunnels.get(key)
             if ts is not None and (ts.peer_tunnel_id, ts.peer, ts.peer_port) != (call.peer_tunnel_id, call.peer,
@@ -382,7 +391,7 @@ class OffloadService(Endings):
                         f"tunnel {call.tunnel_id} is offloaded to {ts.peer}:{ts.peer_port} (peer tunnel "
                         f"{ts.peer_tunnel_id}) and its pppd(s) {', '.join(map(str, alive))} run; the call names "
                         f"{call.peer} (peer tunnel {call.peer_tunnel_id}): not replaced")
-                self.drop_tunnel(key, f"its id {call.tunnel_id} now names a new tunnel to {call.peer}")
+                self.drop_tunnel(key, f"its id {call.tunnel_id} now names a new tunnel to {call.peer}", sync=False)
                 ts = None
             made_tunnel = ts is None
             if ts is None:
@@ -469,11 +478,31 @@ class OffloadService(Endings):
         """Write the newest recorded state if nobody has (no lock needed)."""
         self._write(self.state.newest())
 
+    def write_later(self) -> None:
+        """The watcher's round: write what is recorded and not yet on disk,
+        never waiting for a write under way, with a pause after a failure."""
+        failures = self.state.failures
+        try:
+            wrote = self.state.flush_later()
+        except OSError as e:
+            self._write_failed(e)
+            return
+        if wrote and failures:
+            log.info("state file %s written again (after %d failed write(s))", self.state_path, failures)
+
     def _write(self, n: int) -> None:
         try:
             self.state.flush(n)
         except OSError as e:
-            log.warning("cannot write state file %s: %s", self.state_path, e.strerror)
+            self._write_failed(e)
+
+    def _write_failed(self, e: OSError) -> None:
+        # a full or failing disk: once at first, then once a minute (the watcher retries every round)
+        now = time.monotonic()
+        if self.state.failures <= 1 or now - self._write_warned >= 60.0:
+            self._write_warned = now
+            log.warning("cannot write state file %s: %s (%d failed write(s) in a row; retried)", self.state_path,
+                        e.strerror, self.state.failures)
 
     def snapshot(self) -> int:
         """The state as it is now, to be written (the caller holds the lock)."""

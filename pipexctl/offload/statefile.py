@@ -45,12 +45,12 @@ from ..model import Session, Tunnel
 VERSION: Final = 2
 
 
-# Records are slotted, validated dataclasses (one per offloaded call is
-# held in memory; see discovery.state.CallInfo); the file's envelope is a
-# BaseModel.
+# Records are slotted, validated, frozen dataclasses (one per offloaded
+# call is held in memory; see discovery.state.CallInfo; each is encoded
+# once, when recorded); the file's envelope is a BaseModel.
 
 
-@pdataclass(slots=True, kw_only=True)
+@pdataclass(slots=True, kw_only=True, frozen=True)
 class SessionRecord:
     call_id: int = Field(ge=1, le=65535)
     peer_call_id: int = Field(ge=0, le=65535)
@@ -59,7 +59,7 @@ class SessionRecord:
     pty: Optional[str] = Field(None, pattern=r"^/dev/pts/[0-9]{1,7}$")  # the slave end the daemon holds
 
 
-@pdataclass(slots=True, kw_only=True)
+@pdataclass(slots=True, kw_only=True, frozen=True)
 class TunnelRecord:
     instance: str
     tunnel_id: int = Field(ge=1, le=65535)
@@ -175,10 +175,14 @@ class Writer:
     """Group commit of the state file.
 
     ``snapshot`` (under the daemon's lock, where the state is consistent)
-    keeps the newest state, as its encoded tunnels, and returns its number; ``flush(n)`` (without
-    that lock) returns once a state numbered ``n`` or later is on disk,
-    writing the newest one itself if nobody has.  Writes never overlap and
-    never put an older state over a newer one."""
+    keeps the newest state, as its encoded tunnels, and returns its number;
+    ``flush(n)`` (without that lock) returns once a state numbered ``n`` or
+    later is on disk, writing the newest one itself if nobody has.  Writes
+    never overlap and never put an older state over a newer one.
+    ``flush_later`` is the background writer's: it never waits for a write
+    under way, and backs off while writes fail."""
+
+    RETRY_MAX = 30.0  # seconds between the background writer's tries on a failing disk
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -186,6 +190,8 @@ class Writer:
         self._newest: tuple[int, Optional[list[EncodedTunnel]]] = (0, None)
         self._written = 0
         self.writes = 0
+        self.failures = 0  # failed writes in a row (0: the last one worked)
+        self.retry_at = 0.0  # monotonic time of the background writer's next try
 
     def snapshot(self, tunnels: list[EncodedTunnel]) -> int:
         n = self._newest[0] + 1
@@ -196,16 +202,43 @@ class Writer:
         """The number of the newest snapshot (0: none yet)."""
         return self._newest[0]
 
+    def behind(self) -> bool:
+        """A snapshot is newer than what is on disk."""
+        return self._written < self._newest[0]
+
     def flush(self, n: int) -> None:
+        if self._written >= n:
+            return  # written already: no need to wait for a write under way
         with self._lock:
-            if self._written >= n:
-                return  # a later state was written meanwhile
-            newest, state = self._newest
-            if state is None:
-                return  # nothing was ever snapshotted
-            save_encoded(self.path, state)  # a failure raises: every caller it covered tries again itself
-            self._written = newest
-            self.writes += 1
+            self._flush_locked(n)
+
+    def flush_later(self) -> bool:
+        """Write the newest snapshot unless one is being written or the disk
+        failed a moment ago (then the next call tries).  True when it wrote."""
+        if not self.behind() or time.monotonic() < self.retry_at or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            return self._flush_locked(self._newest[0])
+        finally:
+            self._lock.release()
+
+    def _flush_locked(self, n: int) -> bool:
+        if self._written >= n:
+            return False  # a later state was written meanwhile
+        newest, state = self._newest
+        if state is None:
+            return False  # nothing was ever snapshotted
+        try:
+            save_encoded(self.path, state)
+        except OSError:
+            # every caller it covered tries again itself; the background writer after a pause
+            self.failures += 1
+            self.retry_at = time.monotonic() + min(self.RETRY_MAX, 0.5 * 2 ** min(self.failures - 1, 10))
+            raise
+        self._written = newest
+        self.writes += 1
+        self.failures, self.retry_at = 0, 0.0
+        return True
 
 
 @dataclass

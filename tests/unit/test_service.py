@@ -244,3 +244,94 @@ def test_a_tunnels_records_refuse_the_changes_they_cannot_encode(svc):
     for bad in (lambda: r.update({1: None}), lambda: r.setdefault(1, None), r.popitem):
         with pytest.raises(TypeError):
             bad()
+
+
+# Ends are recorded under the lock and written after it (save(now=False),
+# write_saved): each path that ends a call must still put it on disk.
+
+def _sessions_on_disk(svc):
+    return sorted(s["call_id"] for t in state(svc)["tunnels"] for s in t["sessions"])
+
+
+def test_an_end_by_pppd_exit_reaches_the_file_after_the_sweep(svc):
+    p = _sleeper()
+    ch, _ = svc.offload(call(1, pid=p.pid), p.pid)
+    ch.close()
+    assert _sessions_on_disk(svc) == [1]
+    p.kill()
+    p.wait()
+    svc.sweep()
+    assert svc.tunnels[("xl2tpd", 100)].records == {} and _sessions_on_disk(svc) == []  # the tunnel waits for its end
+
+
+def test_an_end_discovery_reports_for_an_exited_pppd_reaches_the_file_after_handle(svc):
+    from pipexctl.discovery.state import CallDown
+
+    p = _sleeper()
+    ch, _ = svc.offload(call(1, pid=p.pid), p.pid)
+    ch.close()
+    ch2, _ = svc.offload(call(2, pid=4343), 4343)  # keeps the tunnel: only the session goes
+    ch2.close()
+    p.kill()
+    p.wait()
+    svc.handle([CallDown(call=call(1, pid=p.pid), reason="pppd exited")])
+    assert _sessions_on_disk(svc) == [2]
+
+
+def test_a_failing_disk_is_retried_by_the_tick_and_warned_about_once(svc, monkeypatch, caplog):
+    import logging
+
+    from pipexctl.offload import statefile
+
+    real = statefile.save_encoded
+    failing = [False]
+
+    def save(path, tunnels):
+        if failing[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, tunnels)
+
+    monkeypatch.setattr(statefile, "save_encoded", save)
+    ch, _ = svc.offload(call(1), 4242)  # written before the disk fills
+    ch.close()
+    failing[0] = True
+    with caplog.at_level(logging.WARNING, logger="pipexctl.serve"):
+        with svc.lock:
+            svc._end_call(svc.tunnels[("xl2tpd", 100)], 1, "ended")
+            svc.save(now=False)
+        for _ in range(10):
+            svc.tick()
+    warned = [r for r in caplog.records if "cannot write state file" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    failing[0] = False
+    svc.state.retry_at = 0.0  # the back-off's next try is now
+    with caplog.at_level(logging.INFO, logger="pipexctl.serve"):
+        svc.tick()
+    assert _sessions_on_disk(svc) == []
+    assert any("written again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_snapshot_is_not_changed_by_what_the_table_does_after_it(svc):
+    from pipexctl.offload.statefile import EncodedTunnel
+
+    ch, _ = svc.offload(call(1), 4242)
+    ch.close()
+    with svc.lock:
+        snap = svc.tunnels.encoded()
+        before = [t.json() for t in snap]
+        ch2, _ = svc.offload(call(2, pid=4343), 4343)
+        svc._end_call(svc.tunnels[("xl2tpd", 100)], 1, "ended")
+    ch2.close()
+    assert all(isinstance(t, EncodedTunnel) for t in snap) and [t.json() for t in snap] == before
+
+
+def test_the_indexed_tables_refuse_a_copy_that_would_share_their_index():
+    import copy
+
+    from pipexctl.discovery.state import Calls
+    from pipexctl.offload.service import Records, TunnelTable
+
+    for table in (Records(), TunnelTable(), Calls()):
+        for bad in (copy.copy, copy.deepcopy, lambda t: t.__ior__({})):
+            with pytest.raises(TypeError):
+                bad(table)

@@ -689,9 +689,10 @@ def _check_listen(ctx: click.Context, param: click.Parameter, value: Optional[st
 @discovery_options
 @click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
               help="Unix socket the pppd plugin connects to (0600, in a 0700 directory).")
-@click.option("--wait", default=5.0, show_default=True, help="Seconds to wait for a pppd's call to show in discovery.")
+@click.option("--wait", default=defaults.REQUEST_WAIT, show_default=True,
+              help="Seconds to wait for a pppd's call to show in discovery.")
 @click.option("--xl2tpd-port", default=defaults.L2TP_PORT, show_default=True, help="UDP port xl2tpd listens on.")
-@click.option("--reconcile-interval", default=5.0, show_default=True,
+@click.option("--reconcile-interval", default=defaults.RECONCILE_INTERVAL, show_default=True,
               help="Seconds between /proc and kernel checks while calls come and go (at least 30 s while "
                    "nothing happens). Logs are read every second, every 0.2 s while a pppd waits for its call.")
 @click.option("--state", "state_path", default=None, metavar="PATH",

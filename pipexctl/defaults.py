@@ -1,5 +1,5 @@
 """The defaults operators see, in one place: paths and ports as Debian's
-xl2tpd and the shipped systemd units use them."""
+xl2tpd and the shipped systemd units use them, and the daemon's waits."""
 
 from __future__ import annotations
 
@@ -9,3 +9,10 @@ SERVE_SOCKET = "/run/pipexctl/serve.sock"
 XL2TPD_CONTROL = "/var/run/xl2tpd/l2tp-control"
 # L2TP's UDP port, xl2tpd's `port`
 L2TP_PORT = 1701
+
+# seconds a channel request waits for its call to show in discovery (`pipexctl serve --wait`)
+REQUEST_WAIT = 5.0
+# seconds between discovery's /proc and kernel scans while calls come and go (`--reconcile-interval`)
+RECONCILE_INTERVAL = 5.0
+# seconds xl2tpd has to answer one control-pipe request
+CONTROL_TIMEOUT = 2.0

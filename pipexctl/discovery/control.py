@@ -180,7 +180,7 @@ def write_request(pipe: str, line: bytes, timeout: float, no_reader: float) -> i
 
 
 class ControlClient:
-    def __init__(self, pipe: str = defaults.XL2TPD_CONTROL, timeout: float = 2.0) -> None:
+    def __init__(self, pipe: str = defaults.XL2TPD_CONTROL, timeout: float = defaults.CONTROL_TIMEOUT) -> None:
         self.pipe, self.timeout = pipe, timeout
 
     def request(self, letter: str, args: str = "") -> Reply:

@@ -90,8 +90,8 @@ def _ttyname(fd: Optional[int]) -> Optional[str]:
 
 class OffloadServer:
     def __init__(self, socket_path: str, discovery: Discovery, backend: KernelBackend, datapath: DataPath, *,
-                 wait: float = 5.0, xl2tpd_port: int = defaults.L2TP_PORT, log_interval: float = 0.2,
-                 reconcile_interval: float = 5.0, state_path: Optional[str] = None,
+                 wait: float = defaults.REQUEST_WAIT, xl2tpd_port: int = defaults.L2TP_PORT,
+                 log_interval: float = 0.2, reconcile_interval: float = defaults.RECONCILE_INTERVAL, state_path: Optional[str] = None,
                  teardown_on_exit: bool = False) -> None:
         self.socket_path, self.wait = socket_path, wait
         state_path = state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json")

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Callable, Optional
 
+from .. import defaults
 from ..discovery import checkpoint, procscan
 from ..discovery.discovery import Discovery
 from ..discovery.state import CallInfo, DataPath, Event, Role
@@ -93,7 +94,7 @@ class CallWatch:
     # often while lines come in (its encoding holds the lock: bench/startup.py)
     CHECKPOINT_EVERY = 60.0
 
-    def __init__(self, discovery: Discovery, *, log_interval: float = 0.2, reconcile_interval: float = 5.0,
+    def __init__(self, discovery: Discovery, *, log_interval: float = 0.2, reconcile_interval: float = defaults.RECONCILE_INTERVAL,
                  checkpoint_path: Optional[str] = None) -> None:
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
         # that the data path needs), so they run rarely, and on demand while a

@@ -11,8 +11,9 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600, keep_owner: bool = F
     """Temp file beside ``path`` (O_EXCL|O_NOFOLLOW), written whole, fsync,
     rename over ``path``, fsync the directory.  The new file has ``mode``;
     with ``keep_owner`` an existing file's mode and owner carry over (an
-    operator's pppd options file).  A failure leaves ``path`` as it was and
-    no temp file."""
+    operator's pppd options file).  A failure before the rename leaves
+    ``path`` as it was; one of the directory's fsync after it leaves the new
+    file in place (it may not survive a crash); neither leaves a temp file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         os.unlink(tmp)  # a crash's leftover (unlink removes a symlink itself, never its target)

@@ -16,14 +16,26 @@ import stat
 from .. import errors
 
 
-def private_dir(d: str, what: str) -> None:
-    d = d or "."
+def _make(d: str) -> None:
+    """``d`` and each missing parent, 0700 (os.makedirs gives parents 0777 & ~umask)."""
     try:
         os.mkdir(d, 0o700)
     except FileExistsError:
         pass
     except FileNotFoundError:
-        os.makedirs(d, mode=0o700)  # missing parents are made 0700 too
+        parent = os.path.dirname(os.path.abspath(d))
+        if parent == os.path.abspath(d):
+            raise
+        _make(parent)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:  # made meanwhile by someone else: checked below like any existing one
+            pass
+
+
+def private_dir(d: str, what: str) -> None:
+    d = d or "."
+    _make(d)
     st = os.lstat(d)
     if not stat.S_ISDIR(st.st_mode):
         raise errors.PermissionDeniedError(f"{what} directory {d} is not a directory (a symlink?)")

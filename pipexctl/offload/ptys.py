@@ -16,11 +16,17 @@ from __future__ import annotations
 import logging
 import os
 import selectors
+import termios
 import threading
 import tty
 from typing import Hashable, Optional
 
 log = logging.getLogger("pipexctl.serve")
+
+
+def _name(key: Hashable) -> str:
+    """A held pty's key for the log: the call id of an (instance, call id) key."""
+    return f"call {key[-1]}" if isinstance(key, tuple) and key else repr(key)
 
 
 class PtyHolder:
@@ -33,7 +39,7 @@ class PtyHolder:
     def hold(self, key: Hashable, fd: int) -> None:
         try:
             tty.setraw(fd)
-        except OSError:
+        except (OSError, termios.error):  # its master closed already (EIO): held, and the drain sees it gone
             pass
         os.set_blocking(fd, False)
         with self._lock:
@@ -88,4 +94,4 @@ class PtyHolder:
                         # else epoll reports it readable for ever: a busy loop
                         del self._fds[k.data]
                         self._close(k.fd)
-                        log.info("pty of call %s closed by xl2tpd: released", k.data[-1])
+                        log.info("pty of %s closed by xl2tpd: released", _name(k.data))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loginstorm import pppol2tp_sessions  # noqa: E402
 
-from pipexctl.testing.lab import Lab, fd_kinds, kernel_objects, plugin_options  # noqa: E402
+from pipexctl.testing.lab import Lab, fd_kinds, kernel_objects, plugin_options, xl2tpd_pid  # noqa: E402
 from pipexctl.testing.probe import ppp_peer_addrs  # noqa: E402
 
 METRICS_PORT = 9479
@@ -72,6 +72,33 @@ def scrape_seconds(ns: str) -> float:
     return round(time.monotonic() - t, 3)
 
 
+def guest_cpu(pids: list[int], seconds: float = 10.0) -> dict:
+    """The guest's CPU over ``seconds`` (/proc/stat), and the share of it
+    that ``pids`` took: the LAC xl2tpd the lab runs beside the LNS share its
+    vCPUs, which no real LNS does."""
+    def busy_total() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4], sum(v)  # all but idle and iowait
+
+    def ticks() -> int:
+        tot = 0
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+                tot += int(rest[11]) + int(rest[12])
+            except OSError:
+                pass
+        return tot
+
+    b0, t0, p0 = *busy_total(), ticks()
+    time.sleep(seconds)
+    b1, t1, p1 = *busy_total(), ticks()
+    return {"seconds": seconds, "busy_pct": round(100 * (b1 - b0) / max(1, t1 - t0), 1),
+            "of_it_these_pct": round(100 * (p1 - p0) / max(1, t1 - t0), 1), "processes": len(pids)}
+
+
 def say(msg: str) -> None:
     print(f"scalecalls: {msg}", file=sys.stderr, flush=True)
 
@@ -90,6 +117,10 @@ def run(n_lacs: int, sections: int, timeout: float) -> dict:
         for j in range(2, sections + 1):
             columns.append([lab.add_lac_beside(lac, 1700 + j) for lac in columns[0]])
         say(f"{n} LAC xl2tpd started")
+        # before any call: what the idle LAC daemons alone take of the guest (its two vCPUs)
+        lac_pids = [xl2tpd_pid(lac) for lac in lab.lacs]
+        out["idle_lacs_cpu"] = guest_cpu(lac_pids)
+        say(f"idle, before any call: {json.dumps(out['idle_lacs_cpu'])}")
         srv = lab.serve(lab.lns, "--wait", "60", "--metrics", f"127.0.0.1:{METRICS_PORT}")
         pid = srv.pid  # `ip netns exec` execs the python: the daemon's own pid
         scrape_seconds(lab.lns.ns)  # the first scrape opens the metrics' own netlink socket: before the count

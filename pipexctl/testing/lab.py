@@ -297,7 +297,7 @@ pppoptfile = {lac.dir}/options
         """PIDs of the pppd children of ``inst``'s xl2tpd."""
         if not inst.proc:
             return []
-        xpid = _xl2tpd_pid(inst)
+        xpid = xl2tpd_pid(inst)
         out = []
         for p in Path("/proc").iterdir():
             if p.name.isdigit():
@@ -425,7 +425,8 @@ def _accepts(path: str) -> bool:
         s.close()
 
 
-def _xl2tpd_pid(inst: Instance) -> int:
+def xl2tpd_pid(inst: Instance) -> int:
+    """The pid of ``inst``'s xl2tpd (its pid file; the process the lab started before it writes one)."""
     try:
         return int(Path(inst.pidfile).read_text().split()[0])
     except (OSError, ValueError, IndexError):

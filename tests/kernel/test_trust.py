@@ -25,7 +25,7 @@ import pytest
 
 from pipexctl import errors
 from pipexctl.offload.client import ask
-from pipexctl.testing.lab import Lab, _xl2tpd_pid, kernel_objects as objects, plugin_options
+from pipexctl.testing.lab import Lab, kernel_objects as objects, plugin_options, xl2tpd_pid
 from pipexctl.testing.probe import ppp_peer_addrs
 
 from .conftest import TWINS_STEERED, ip_l2tp, wait_until
@@ -71,7 +71,7 @@ def test_forged_log_lines_drop_no_call_and_the_real_end_still_cleans_up(lab):
     t = lab.serve_status(lab.lns)["tunnels"][0]
     (cid,) = t["sessions"]
     peer = t["peer"].split(":")[0]
-    xpid, other = _xl2tpd_pid(lab.lns), _xl2tpd_pid(l1)
+    xpid, other = xl2tpd_pid(lab.lns), xl2tpd_pid(l1)
     forged = [
         f"xl2tpd[{xpid}]: call_close: Call {cid} to {peer} disconnected",  # the real pid: corroboration must say no
         f"xl2tpd[{xpid}]: Connection {t['peer_tunnel_id']} closed to {peer}, port 1701 (forged)",
@@ -116,7 +116,7 @@ def test_a_peers_stopccn_text_with_newlines_drops_no_call(lab):
     t = lab.serve_status(lab.lns)["tunnels"][0]
     (cid,) = t["sessions"]
     peer = t["peer"].split(":")[0]
-    xpid = _xl2tpd_pid(lab.lns)
+    xpid = xl2tpd_pid(lab.lns)
     injected = f"xl2tpd[{xpid}]: call_close: Call {cid} to {peer} disconnected"
     before = kernel_objects(lab.lns.ns)
     r = subprocess.run(["ip", "netns", "exec", l1.ns, sys.executable, "-m", "pipexctl.testing.l2tp_peer", "10.99.1.1",
@@ -277,7 +277,7 @@ def test_a_forged_call_line_written_before_xl2tpds_own_is_passed_over(tmp_path):
         lab.start_all(WITH_PLUGIN)
         l1 = lab.lacs[0]
         lab.serve_all([lab.lns, l1])
-        xpid = _xl2tpd_pid(lab.lns)
+        xpid = xl2tpd_pid(lab.lns)
         lab.control(l1, "c lns")
         wait_until(lambda: forked.exists() and forked.read_text().strip(), "xl2tpd forked a pppd", timeout=60,
                    detail=lab.tails, interval=0.02)

@@ -103,7 +103,7 @@ def say(msg: str) -> None:
     print(f"scalecalls: {msg}", file=sys.stderr, flush=True)
 
 
-def run(n_lacs: int, sections: int, timeout: float) -> dict:
+def run(n_lacs: int, sections: int, timeout: float, keep_as: str = "scalecalls") -> dict:
     n = n_lacs * sections
     lab = Lab(kernel_mode=False, lac_kernel_mode=True, lac_extra_pppd="",
               pool=("10.98.0.1", "10.98.0.2", "10.98.31.250"))
@@ -205,7 +205,7 @@ def run(n_lacs: int, sections: int, timeout: float) -> dict:
     finally:
         out["checks"] = checks
         results = os.environ.get("PIPEXCTL_RESULTS")
-        lab.teardown(keep_as="scalecalls" if results else None)
+        lab.teardown(keep_as=keep_as if results else None)
     return out
 
 
@@ -216,7 +216,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "scalecalls.json"))
     a = p.parse_args()
-    out = run(a.lacs, a.sections, a.timeout)
+    out = run(a.lacs, a.sections, a.timeout, keep_as=Path(a.out).stem)  # the logs beside their record
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1), flush=True)
     return 0 if out["checks"] and all(out["checks"].values()) else 1

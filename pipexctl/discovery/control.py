@@ -205,8 +205,11 @@ class ControlClient:
             self._send(f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
             return parse_reply(self._read_all(rfd))
         finally:
-            os.close(rfd)
+            # unlinked while still open for reading: xl2tpd opens the reply with a
+            # blocking fopen(), which would wait for ever on a FIFO left without a
+            # reader (a reply given up on), and xl2tpd with it, all its tunnels too
             shutil.rmtree(tmp, ignore_errors=True)
+            os.close(rfd)
 
     def _send(self, line: bytes) -> None:
         os.close(write_request(self.pipe, line, self.timeout, min(self.timeout, 0.5)))  # not running: say so soon

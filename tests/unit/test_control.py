@@ -184,3 +184,37 @@ def test_control_client_full_pipe_is_a_clear_error(tmp_path):
     finally:
         os.close(wfd)
         os.close(rfd)
+
+
+def test_the_reply_fifo_never_exists_without_a_reader(tmp_path, monkeypatch):
+    """xl2tpd opens the reply FIFO with a blocking fopen(): on a FIFO with
+    no reader it would wait for ever, and every tunnel of that xl2tpd with
+    it.  When the client gives up (no answer in time) the FIFO must be gone
+    before its read end is closed."""
+    import errno
+    import os
+    import shutil
+
+
+    pipe = tmp_path / "l2tp-control"
+    os.mkfifo(pipe)
+    keep = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # an xl2tpd that reads its pipe and never answers
+    seen = []
+    real_rmtree = shutil.rmtree
+
+    def rmtree(path, *a, **k):
+        reply = os.path.join(path, "reply")
+        try:
+            os.close(os.open(reply, os.O_WRONLY | os.O_NONBLOCK))  # what xl2tpd's open would find now
+            seen.append("reader")
+        except OSError as e:
+            seen.append("no reader" if e.errno == errno.ENXIO else errno.errorcode[e.errno])
+        real_rmtree(path, *a, **k)
+
+    monkeypatch.setattr(ctl.shutil, "rmtree", rmtree)
+    try:
+        with pytest.raises(ctl.ControlError, match="no reply"):
+            ctl.ControlClient(str(pipe), timeout=0.3).request("x")
+    finally:
+        os.close(keep)
+    assert seen == ["reader"]

@@ -2,7 +2,8 @@
 up to date through the changes it overrides (set, pop, del, clear).
 
 Every other way to change it, or to copy it (which would share what it
-keeps beside), is refused, so that no code path can leave the two apart."""
+keeps beside), is refused, so that no code path can leave the two apart.
+A subclass says what to keep in ``_added`` and ``_removed``."""
 
 from __future__ import annotations
 
@@ -19,3 +20,28 @@ def _refused(self: object, *a: Any, **k: Any) -> Any:
 
 class Indexed(dict[K, V]):
     update = setdefault = popitem = __ior__ = __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = _refused
+
+    def _added(self, key: K, value: V) -> None:
+        """``value`` is now the item at ``key``."""
+
+    def _removed(self, key: K, value: V) -> None:
+        """``value`` is no longer the item at ``key``."""
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if key in self:
+            self._removed(key, self[key])
+        super().__setitem__(key, value)
+        self._added(key, value)
+
+    def __delitem__(self, key: K) -> None:
+        self._removed(key, self[key])
+        super().__delitem__(key)
+
+    def pop(self, key: K, *default: Any) -> Any:
+        if key in self:
+            self._removed(key, self[key])
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        for key in list(self):
+            del self[key]

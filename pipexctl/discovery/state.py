@@ -182,42 +182,20 @@ class Calls(Indexed[int, CallInfo]):
         for c in (calls or {}).values():
             self[c.call_id] = c
 
-    def _index(self, c: CallInfo) -> None:
+    def _added(self, call_id: int, c: CallInfo) -> None:
         if c.pppd_pid is None:
-            self.no_pppd.add(c.call_id)
+            self.no_pppd.add(call_id)
         else:
-            self.by_pppd.setdefault(c.pppd_pid, set()).add(c.call_id)
+            self.by_pppd.setdefault(c.pppd_pid, set()).add(call_id)
 
-    def _unindex(self, c: CallInfo) -> None:
-        self.no_pppd.discard(c.call_id)
+    def _removed(self, call_id: int, c: CallInfo) -> None:
+        self.no_pppd.discard(call_id)
         if c.pppd_pid is not None:
             ids = self.by_pppd.get(c.pppd_pid)
             if ids is not None:
-                ids.discard(c.call_id)
+                ids.discard(call_id)
                 if not ids:
                     del self.by_pppd[c.pppd_pid]
-
-    def __setitem__(self, call_id: int, c: CallInfo) -> None:
-        old = self.get(call_id)
-        if old is not None:
-            self._unindex(old)
-        super().__setitem__(call_id, c)
-        self._index(c)
-
-    def __delitem__(self, call_id: int) -> None:
-        self._unindex(self[call_id])
-        super().__delitem__(call_id)
-
-    def pop(self, call_id: int, *default: Any) -> Any:
-        c = self.get(call_id)
-        if c is not None:
-            self._unindex(c)
-        return super().pop(call_id, *default)
-
-    def clear(self) -> None:
-        super().clear()
-        self.by_pppd.clear()
-        self.no_pppd.clear()
 
     def pppd_known(self, c: CallInfo) -> None:
         """``c``'s pppd pid was just set (it was None)."""

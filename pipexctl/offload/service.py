@@ -96,24 +96,12 @@ class Records(Indexed[int, SessionRecord]):
         for k, v in (recs or {}).items():
             self[k] = v
 
-    def __setitem__(self, call_id: int, rec: SessionRecord) -> None:
-        super().__setitem__(call_id, rec)
+    def _added(self, call_id: int, rec: SessionRecord) -> None:
         self.encoded[call_id] = statefile.encode_session(rec)
         self.changed()
 
-    def __delitem__(self, call_id: int) -> None:
-        super().__delitem__(call_id)
+    def _removed(self, call_id: int, rec: SessionRecord) -> None:
         del self.encoded[call_id]
-        self.changed()
-
-    def pop(self, call_id: int, *default: Any) -> Any:
-        self.encoded.pop(call_id, None)
-        self.changed()
-        return super().pop(call_id, *default)
-
-    def clear(self) -> None:
-        super().clear()
-        self.encoded.clear()
         self.changed()
 
 
@@ -182,35 +170,18 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
     def _addresses(ts: TunnelState) -> Addresses:
         return (ts.local, ts.peer, ts.peer_port, ts.local_port)
 
-    def __setitem__(self, key: TunnelKey, ts: TunnelState) -> None:
-        old = self.get(key)
-        if old is not None:
-            self._forget(key, old)
-        super().__setitem__(key, ts)
+    def _added(self, key: TunnelKey, ts: TunnelState) -> None:
         self._on[self._addresses(ts)] += 1
         ts.records.changed = lambda: self._dirty.add(key) if self.get(key) is ts else None
         self._dirty.add(key)
 
-    def _forget(self, key: TunnelKey, ts: TunnelState) -> None:
+    def _removed(self, key: TunnelKey, ts: TunnelState) -> None:
         ts.records.changed = lambda: None
         a = self._addresses(ts)
         self._on[a] -= 1
         if not self._on[a]:
             del self._on[a]
         self._dirty.add(key)
-
-    def __delitem__(self, key: TunnelKey) -> None:
-        self._forget(key, self[key])
-        super().__delitem__(key)
-
-    def pop(self, key: TunnelKey, *default: Any) -> Any:
-        if key in self:
-            self._forget(key, self[key])
-        return super().pop(key, *default)
-
-    def clear(self) -> None:
-        for key in list(self):
-            del self[key]
 
     def on_addresses(self, addresses: Addresses) -> int:
         """How many tunnels have these addresses and ports."""

@@ -432,8 +432,10 @@ def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
 def status(socket_path: str, as_json: bool) -> None:
     """Overview of `pipexctl serve`: xl2tpd instances, every call and its data path.
 
-    A call is "offloaded" (this daemon's kernel channel), "xl2tpd kernel
-    mode", or "pty"; for a pppd that stayed on its pty, the daemon's reason.
+    A call is "offloaded" (this daemon's kernel channel; "offloaded
+    (moved)" when its plugin moved it from the pty while it ran), "xl2tpd
+    kernel mode", or "pty"; SINCE is when an offloaded call's data path
+    became the kernel; for a pppd that stayed on its pty, the daemon's reason.
 
     \b
     Example:
@@ -449,11 +451,14 @@ def status(socket_path: str, as_json: bool) -> None:
     for i in st.get("instances", []):
         click.echo(f"xl2tpd {i['instance']}: pid {i['pid'] or '?'}, {i['mode']} mode")
     s = st["stats"]
-    click.echo(f"offloads: {s['offloaded']} made, {s['removed']} ended, {s['refused']} refused, {s['failed']} failed, "
+    click.echo(f"offloads: {s['offloaded']} made ({s['moved']} moved from their pty while running), "
+               f"{s['removed']} ended, {s['refused']} refused, {s['failed']} failed, "
                f"{s['adopted']} adopted at restarts")
     rows = [[c["instance"], c["role"], c["tunnel_id"] or "?", c["call_id"], c["peer"], c["pppd_pid"] or "?",
-             c["path"], c["why_not"] or ""] for c in st.get("calls", [])]
-    _table(rows, ["XL2TPD", "ROLE", "TUNNEL", "CALL", "PEER", "PPPD", "PATH", "WHY-NOT"])
+             c["path"] + (" (moved)" if c.get("moved") else ""),
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["since"])) if c.get("since") else "",
+             c["why_not"] or ""] for c in st.get("calls", [])]
+    _table(rows, ["XL2TPD", "ROLE", "TUNNEL", "CALL", "PEER", "PPPD", "PATH", "SINCE", "WHY-NOT"])
 
 
 @cli.command()

@@ -11,7 +11,13 @@
  * tunnel then outlives a restart of the daemon.
  *
  * If the daemon is absent or refuses, the plugin logs why and pppd continues
- * on the pty, unless `pipexctl_required` is set: then pppd stops.
+ * on the pty, unless `pipexctl_required` is set: then pppd stops.  A call
+ * left on the pty is moved into the kernel later, while it runs (a "live
+ * move"): once LCP is up, a timer asks the daemon again every
+ * `pipexctl_move` seconds (longer after a refusal); when the daemon gives a
+ * channel, the plugin swaps the ppp unit's channel from the pty to the
+ * PPPoL2TP socket at one instant (PPPIOCDISCONN / PPPIOCCONNECT), so LCP,
+ * IPCP and the unit (pppN, its addresses) stay as they are.
  *
  * Options (one table, below):
  *   pipexctl_socket PATH   the daemon's socket (default /run/pipexctl/serve.sock)
@@ -20,6 +26,8 @@
  *   pipexctl_compression   keep ACFC/PFC, VJ and CCP compression as the other
  *                          options say (default: off on the kernel channel,
  *                          as pppd's own pppol2tp.so turns them off)
+ *   pipexctl_move SECS     a call left on the pty asks to be moved into the
+ *                          kernel every SECS seconds (default 1; 0: never)
  *
  * Built against Debian's ppp-dev (pppd 2.4.9); the few API differences of
  * pppd 2.5 are behind PPP_API_25 (see plugins/Makefile).
@@ -35,11 +43,14 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/un.h>
+#include <dirent.h>
 #include <unistd.h>
 #include <linux/if_pppox.h>
 #include <linux/ppp_defs.h>
+#include <linux/ppp-ioctl.h>
 
 #ifdef PPP_API_25
 /* pppd 2.5 (Debian 13): renamed entry points; compiled against trixie's
@@ -56,6 +67,7 @@ typedef struct option px_option_t;
 #define generic_establish_ppp ppp_generic_establish
 #define generic_disestablish_ppp ppp_generic_disestablish
 #define add_options ppp_add_options
+#define PX_TIMEOUT ppp_timeout
 #else
 #include <pppd/pppd.h>
 #include <pppd/fsm.h>
@@ -65,6 +77,7 @@ typedef struct option px_option_t;
 #define PX_VERSION VERSION
 typedef option_t px_option_t;
 #define PX_IFNAME() ifname
+#define PX_TIMEOUT timeout
 #endif
 
 char pppd_version[] = PX_VERSION;
@@ -74,6 +87,7 @@ static char px_socket[108] = "/run/pipexctl/serve.sock";
 static int px_timeout = 5;
 static bool px_required = 0;
 static bool px_compression = 0;
+static int px_move_every = 1;
 
 static px_option_t px_options[] = {
 	{ "pipexctl_socket", o_string, px_socket,
@@ -84,6 +98,9 @@ static px_option_t px_options[] = {
 	  "Fail when pipexctl cannot provide the channel", OPT_PRIO | OPT_PRIV | 1 },
 	{ "pipexctl_compression", o_bool, &px_compression,
 	  "Keep ACFC/PFC, VJ and CCP compression on the kernel channel", OPT_PRIO | OPT_PRIV | 1 },
+	{ "pipexctl_move", o_int, &px_move_every,
+	  "Seconds between asks to move a pty call into the kernel (0: never)",
+	  OPT_PRIO | OPT_PRIV | OPT_LIMITS, NULL, 3600, 0 },
 	{ NULL }
 };
 
@@ -91,6 +108,7 @@ static struct channel *px_fallback;	/* the channel pppd had (tty) */
 static int px_fd = -1;			/* the PPPoL2TP socket */
 static int px_tunnel_fd = -1;		/* a copy of the tunnel's UDP socket */
 static int px_nokernel;			/* errno of the PPPoL2TP probe at load (0: fine) */
+static int px_pty_chan = -1;		/* after a live move: the pty's channel, detached */
 
 /* Read the whole reply line and the (up to two) fds that came with it. */
 static int px_recv(int s, char *buf, size_t len, int fds[2])
@@ -244,102 +262,295 @@ static int px_connect_timeout(int s, const struct sockaddr_un *sa)
 	return fcntl(s, F_SETFL, flags);
 }
 
-/* Ask the daemon for our channel; 0 and px_fd set on success. */
-static int px_request(char *why, size_t whylen)
+/* px_ask's results beyond 0 (a channel, checked) */
+#define PX_UNREACHED	-1	/* no daemon, or no reply: ask again soon */
+#define PX_REFUSED	-2	/* the daemon said no: ask again later */
+#define PX_FINAL	-3	/* the daemon said no for good ("retry": false) */
+
+/* Ask the daemon for a channel: op "channel" at pppd's start (with the pty
+ * as SCM_RIGHTS) or "move" for a call running on its pty.  On success the
+ * connection stays open in *conn, not yet acknowledged, with the PPPoL2TP
+ * socket in *fd (checked: bound to the session the reply names) and the
+ * tunnel's socket copy in *tfd; rep holds the reply line. */
+static int px_ask(const char *op, int with_pty, int *conn, int *fd, int *tfd, char *rep, size_t replen,
+		  char *why, size_t whylen)
 {
 	struct sockaddr_un sa;
-	char req[128], rep[1024];
-	int s, fd = -1, fds[2];
+	char req[128];
+	int s, fds[2], ret = PX_UNREACHED;
 	long sid, tid;
 	struct sockaddr_storage addr;
 	socklen_t alen = sizeof(addr);
 	struct stat st;
 
+	*conn = *fd = *tfd = -1;
 	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0) {
 		snprintf(why, whylen, "socket: %s", strerror(errno));
-		return -1;
+		return PX_UNREACHED;
 	}
 	memset(&sa, 0, sizeof(sa));
 	sa.sun_family = AF_UNIX;
 	if (strlen(px_socket) >= sizeof(sa.sun_path)) {
 		snprintf(why, whylen, "socket path too long");
 		close(s);
-		return -1;
+		return PX_FINAL;
 	}
 	strcpy(sa.sun_path, px_socket);
 	if (px_connect_timeout(s, &sa) < 0) {
 		snprintf(why, whylen, "cannot reach %s: %s", px_socket, strerror(errno));
 		close(s);
-		return -1;
+		return PX_UNREACHED;
 	}
-	/* the daemon identifies us by SO_PEERCRED; the pid here is informational */
-	snprintf(req, sizeof(req), "{\"op\": \"channel\", \"v\": 2, \"pid\": %d}\n", (int)getpid());
-	if (px_send(s, req, isatty(0) ? 0 : -1) != (ssize_t)strlen(req)) {
+	/* the daemon identifies us by SO_PEERCRED; the pid here is informational.
+	 * v 3: a move waits for the daemon's commit after its ack */
+	snprintf(req, sizeof(req), "{\"op\": \"%s\", \"v\": %d, \"pid\": %d}\n", op, with_pty ? 2 : 3, (int)getpid());
+	if (px_send(s, req, with_pty && isatty(0) ? 0 : -1) != (ssize_t)strlen(req)) {
 		snprintf(why, whylen, "write to %s: %s", px_socket, strerror(errno));
 		close(s);
-		return -1;
+		return PX_UNREACHED;
 	}
-	if (px_recv(s, rep, sizeof(rep), fds) < 0) {
+	if (px_recv(s, rep, replen, fds) < 0) {
 		snprintf(why, whylen, "no reply from %s: %s", px_socket, strerror(errno));
 		close(s);
-		return -1;
+		return PX_UNREACHED;
 	}
-	fd = fds[0];
-	if (fds[1] >= 0 && !px_is_tunnel_socket(fds[1])) {
-		snprintf(why, whylen, "second fd of the reply is not a connected UDP socket");
-		close(fds[1]);
-		if (fd >= 0)
-			close(fd);
-		close(s);
-		return -1;
-	}
+	ret = PX_REFUSED;
 	/* the contract: the reply is one JSON object whose first member is "ok" */
-	if (strncmp(rep, "{\"ok\": true,", 12) != 0) {
+	if (fds[1] >= 0 && !px_is_tunnel_socket(fds[1]))
+		snprintf(why, whylen, "second fd of the reply is not a connected UDP socket");
+	else if (strncmp(rep, "{\"ok\": true,", 12) != 0) {
 		px_refusal(why, whylen, rep);
-		if (fd >= 0)
-			close(fd);
-		if (fds[1] >= 0)
-			close(fds[1]);
+		if (strstr(rep, "\"retry\": false"))
+			ret = PX_FINAL;
+	} else {
+		/* validate before use: a PPPoX socket bound to the session we were told */
+		sid = px_json_int(rep, "session_id");
+		tid = px_json_int(rep, "tunnel_id");
+		memset(&addr, 0, sizeof(addr));
+		if (fds[0] < 0 || fstat(fds[0], &st) < 0 || !S_ISSOCK(st.st_mode))
+			snprintf(why, whylen, "reply carried no socket");
+		else if (getsockname(fds[0], (struct sockaddr *)&addr, &alen) < 0 || addr.ss_family != AF_PPPOX)
+			snprintf(why, whylen, "received fd is not an AF_PPPOX socket");
+		else if (alen != sizeof(struct sockaddr_pppol2tp))
+			snprintf(why, whylen, "received socket is not an L2TPv2 session over IPv4");
+		else if (sid <= 0 || tid <= 0)
+			snprintf(why, whylen, "reply has no tunnel or session id");
+		else if (((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_session != sid ||
+			 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_tunnel != tid)
+			snprintf(why, whylen, "received socket is session %u/%u, the reply says %ld/%ld",
+				 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_tunnel,
+				 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_session, tid, sid);
+		else {
+			*conn = s;
+			*fd = fds[0];
+			*tfd = fds[1];
+			return 0;
+		}
+	}
+	/* not taken: the daemon undoes whatever it made, for want of our ack */
+	if (fds[0] >= 0)
+		close(fds[0]);
+	if (fds[1] >= 0)
+		close(fds[1]);
+	close(s);
+	return ret;
+}
+
+/* The daemon undoes the offload unless we acknowledge what we checked. */
+static int px_ack(int s, char *why, size_t whylen)
+{
+	if (send(s, "{\"op\": \"ack\"}\n", 14, MSG_NOSIGNAL) == 14)
+		return 0;
+	snprintf(why, whylen, "cannot acknowledge the channel: %s", strerror(errno));
+	return -1;
+}
+
+static void px_took(const char *rep)
+{
+	info("pipexctl: kernel channel for tunnel %ld session %ld (peer %ld/%ld)",
+	     px_json_int(rep, "tunnel_id"), px_json_int(rep, "session_id"),
+	     px_json_int(rep, "peer_tunnel_id"), px_json_int(rep, "peer_session_id"));
+}
+
+/* At pppd's start: ask for our channel; 0 and px_fd set on success. */
+static int px_request(char *why, size_t whylen)
+{
+	char rep[1024];
+	int s, fd, tfd;
+
+	if (px_ask("channel", 1, &s, &fd, &tfd, rep, sizeof(rep), why, whylen) < 0)
+		return -1;
+	if (px_ack(s, why, whylen) < 0) {
 		close(s);
+		close(fd);
+		if (tfd >= 0)
+			close(tfd);
 		return -1;
 	}
-	/* validate before use: a PPPoX socket bound to the session we were told */
-	sid = px_json_int(rep, "session_id");
-	tid = px_json_int(rep, "tunnel_id");
-	memset(&addr, 0, sizeof(addr));
-	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
-		snprintf(why, whylen, "reply carried no socket");
-	else if (getsockname(fd, (struct sockaddr *)&addr, &alen) < 0 || addr.ss_family != AF_PPPOX)
-		snprintf(why, whylen, "received fd is not an AF_PPPOX socket");
-	else if (alen != sizeof(struct sockaddr_pppol2tp))
-		snprintf(why, whylen, "received socket is not an L2TPv2 session over IPv4");
-	else if (sid <= 0 || tid <= 0)
-		snprintf(why, whylen, "reply has no tunnel or session id");
-	else if (((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_session != sid ||
-		 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_tunnel != tid)
-		snprintf(why, whylen, "received socket is session %u/%u, the reply says %ld/%ld",
-			 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_tunnel,
-			 ((struct sockaddr_pppol2tp *)&addr)->pppol2tp.s_session, tid, sid);
-	else
-		why[0] = 0;
-	/* the daemon undoes the offload unless we acknowledge what we checked */
-	if (!why[0] && send(s, "{\"op\": \"ack\"}\n", 14, MSG_NOSIGNAL) != 14)
-		snprintf(why, whylen, "cannot acknowledge the channel: %s", strerror(errno));
 	close(s);
-	if (why[0]) {
-		if (fd >= 0)
-			close(fd);
-		if (fds[1] >= 0)
-			close(fds[1]);
+	px_fd = fd;
+	px_tunnel_fd = tfd;
+	px_took(rep);
+	return 0;
+}
+
+/* ---- the live move: a running call's channel, pty -> kernel */
+
+/* pppd's /dev/ppp fds: the unit's (PPPIOCGUNIT answers) and the channel's
+ * (it does not: the ioctl goes to the channel, which knows no such thing).
+ * pppd 2.5 exports neither fd, so both are found by looking. */
+static int px_ppp_fds(int *chan, int *unit)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	struct stat st;
+	int fd, u, nchan = 0, nunit = 0;
+
+	*chan = *unit = -1;
+	if (!d)
 		return -1;
+	while ((e = readdir(d)) != NULL) {
+		fd = atoi(e->d_name);
+		if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d))
+			continue;
+		if (fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != 108)
+			continue;	/* 108: PPP_MAJOR, /dev/ppp */
+		if (ioctl(fd, PPPIOCGUNIT, &u) == 0) {
+			*unit = u;
+			nunit++;
+		} else {
+			*chan = fd;
+			nchan++;
+		}
+	}
+	closedir(d);
+	return nchan == 1 && nunit == 1 ? 0 : -1;
+}
+
+/* Swap the unit's channel from the pty's to the PPPoL2TP socket's, in one
+ * step as pppd's main loop sees it: the new channel takes the old channel
+ * fd's number, which pppd reads control frames from and writes them to. */
+static int px_swap(int sock, char *why, size_t whylen)
+{
+	int chan, unit, idx, nfd, n = 0;
+	char buf[2048];
+
+	if (px_ppp_fds(&chan, &unit) < 0) {
+		snprintf(why, whylen, "cannot tell pppd's channel and unit among its /dev/ppp fds");
+		return -1;
+	}
+	if (ioctl(sock, PPPIOCGCHAN, &idx) < 0) {
+		snprintf(why, whylen, "PPPIOCGCHAN on the PPPoL2TP socket: %s", strerror(errno));
+		return -1;
+	}
+	nfd = open("/dev/ppp", O_RDWR | O_CLOEXEC | O_NONBLOCK);
+	if (nfd < 0 || ioctl(nfd, PPPIOCATTCHAN, &idx) < 0) {
+		snprintf(why, whylen, "cannot attach to channel %d: %s", idx, strerror(errno));
+		if (nfd >= 0)
+			close(nfd);
+		return -1;
+	}
+	if (ioctl(chan, PPPIOCDISCONN) < 0) {
+		snprintf(why, whylen, "PPPIOCDISCONN on the pty's channel: %s", strerror(errno));
+		close(nfd);
+		return -1;
+	}
+	if (ioctl(nfd, PPPIOCCONNECT, &unit) < 0) {
+		snprintf(why, whylen, "cannot connect the kernel channel to ppp%d: %s", unit, strerror(errno));
+		if (ioctl(chan, PPPIOCCONNECT, &unit) < 0)
+			fatal("pipexctl: the pty's channel cannot be put back on ppp%d: %m", unit);
+		close(nfd);
+		return -1;
+	}
+	/* what the session got before the unit was there waits on the channel;
+	 * pppd would answer its data frames with LCP Protocol-Rejects (which
+	 * close the peer's IPCP): drop them, a packet or two */
+	while (read(nfd, buf, sizeof(buf)) > 0)
+		n++;
+	/* the pty's channel is kept, detached, for a move back */
+	px_pty_chan = fcntl(chan, F_DUPFD_CLOEXEC, 3);
+	if (dup2(nfd, chan) < 0)
+		fatal("pipexctl: cannot put the kernel channel on fd %d: %m", chan);
+	fcntl(chan, F_SETFD, FD_CLOEXEC);
+	close(nfd);
+	if (n)
+		dbglog("pipexctl: %d frame(s) that came before the move dropped", n);
+	return 0;
+}
+
+/* Move this running call into the kernel: 0, or a PX_ result and why. */
+static int px_move(char *why, size_t whylen)
+{
+	char rep[1024], line[256];
+	int s, fd, tfd, r, none[2];
+
+	r = px_ask("move", 0, &s, &fd, &tfd, rep, sizeof(rep), why, whylen);
+	if (r < 0)
+		return r;
+	/* the daemon commits only what we acknowledged, and says so: a channel
+	 * whose offload the daemon gave up on (its ack timeout) is never used */
+	r = px_ack(s, why, whylen);
+	if (r == 0 && px_recv(s, line, sizeof(line), none) < 0) {
+		snprintf(why, whylen, "no commit from %s: %s", px_socket, strerror(errno));
+		r = -1;
+	} else if (r == 0 && strncmp(line, "{\"ok\": true, \"committed\": true", 30) != 0) {
+		px_refusal(why, whylen, line);
+		r = -1;
+	}
+	if (r == 0)
+		r = px_swap(fd, why, whylen);
+	close(s);
+	if (r < 0) {
+		close(fd);	/* the kernel deletes the session with it */
+		if (tfd >= 0)
+			close(tfd);
+		return PX_REFUSED;
 	}
 	px_fd = fd;
-	px_tunnel_fd = fds[1];
-	info("pipexctl: kernel channel for tunnel %ld session %ld (peer %ld/%ld)",
-	     tid, sid, px_json_int(rep, "peer_tunnel_id"),
-	     px_json_int(rep, "peer_session_id"));
+	px_tunnel_fd = tfd;
+	px_took(rep);
 	return 0;
+}
+
+/* pppd's timer while the call is on its pty: ask to be moved once LCP is
+ * up; again every pipexctl_move seconds while no daemon answers, and after
+ * a refusal at growing intervals (to 5 minutes), so that thousands of pty
+ * calls cost a daemon that refuses them little. */
+static void px_move_tick(void *arg)
+{
+	static char last[320];
+	static int backoff;
+	char why[320];
+	int r;
+
+	(void)arg;
+	if (px_fd >= 0)
+		return;
+	if (lcp_fsm[0].state != OPENED) {
+		PX_TIMEOUT(px_move_tick, NULL, px_move_every, 0);
+		return;
+	}
+	if (lcp_gotoptions[0].neg_pcompression) {
+		/* the kernel channel takes no compressed protocol field */
+		warn("pipexctl: the peer sends compressed protocol fields (PFC): this call stays on the pty");
+		return;
+	}
+	r = px_move(why, sizeof(why));
+	if (r == 0) {
+		info("pipexctl: call moved from the pty into the kernel");
+		return;
+	}
+	if (strcmp(why, last) != 0) {	/* each new reason once, not every second */
+		warn("pipexctl: not moved into the kernel: %s", why);
+		snprintf(last, sizeof(last), "%s", why);
+	}
+	if (r == PX_FINAL)
+		return;
+	backoff = r == PX_UNREACHED ? px_move_every : backoff ? backoff * 2 : 5;
+	if (backoff > 300)
+		backoff = 300;
+	PX_TIMEOUT(px_move_tick, NULL, backoff, 0);
 }
 
 static void px_process_extra_options(void)
@@ -396,6 +607,13 @@ static void px_check_options(void)
 	if (px_required)
 		fatal("pipexctl: %s (pipexctl_required is set)", why);
 	warn("pipexctl: %s; continuing on the pty", why);
+	if (px_move_every && !px_nokernel) {
+		/* a later move needs frames the kernel channel can take: the
+		 * peer must not compress the protocol field (the kernel sends
+		 * it whole, which any peer accepts) */
+		lcp_wantoptions[0].neg_pcompression = 0;
+		PX_TIMEOUT(px_move_tick, NULL, px_move_every, 0);
+	}
 	the_channel = px_fallback;
 	if (the_channel->check_options)
 		the_channel->check_options();
@@ -452,6 +670,8 @@ static void px_close(void)
 		close(px_fd);
 	if (px_tunnel_fd >= 0)
 		close(px_tunnel_fd);
+	if (px_pty_chan >= 0)
+		close(px_pty_chan);
 }
 
 static struct channel px_channel = {

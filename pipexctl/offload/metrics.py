@@ -46,6 +46,8 @@ def families(m: dict[str, Any]) -> Iterator[Metric]:
                             value=m["offloaded_sessions"])
     o = m["offload"]
     yield CounterMetricFamily("pipexctl_offloads", "Calls offloaded (channel sent to pppd)", value=o["offloaded"])
+    yield CounterMetricFamily("pipexctl_offloads_moved", "Offloads of running calls, moved from their pty",
+                              value=o["moved"])
     yield CounterMetricFamily("pipexctl_offloads_removed", "Offloads removed when their call ended",
                               value=o["removed"])
     for kind, help_ in (("refused", "Channel requests refused, by reason"),

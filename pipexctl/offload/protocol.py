@@ -6,17 +6,25 @@ bytes, one JSON object ending in a newline::
     {"op": "channel", "v": 2, "pid": 1234}
 
 - ``op``: ``channel`` (a pppd asks for its kernel channel; with the pty it
-  was given as SCM_RIGHTS), ``status``, ``metrics`` or ``reconcile``;
+  was given as SCM_RIGHTS), ``move`` (a pppd whose call runs on its pty
+  asks to be moved into the kernel: a "live move", protocol version 3),
+  ``status``, ``metrics`` or ``reconcile``;
 - ``v``: the protocol version the client speaks (1 when absent).  From 2 on,
   the client acknowledges a channel: after it has checked the sockets it
   got, it sends ``{"op": "ack"}`` on the same connection; without that
-  line within ACK_TIMEOUT the daemon undoes the offload;
+  line within ACK_TIMEOUT the daemon undoes the offload.  From 3 on (a
+  ``move``), the daemon answers the ack with ``{"ok": true, "committed":
+  true}`` once the offload is kept, and the plugin swaps its call's channel
+  only then: a channel whose offload the daemon gave up on is never used;
 - anything else (``pid``) is informational: the requester is known by
   SO_PEERCRED and /proc, never by what it says.
 
 Reply: one JSON object whose FIRST member is ``ok`` (the C plugin checks
 the line's first bytes, ``{"ok": true,``), then either ``error`` (text) or
-the op's answer.  For ``channel``: ``tunnel_id``, ``peer_tunnel_id``,
+the op's answer.  A refusal of a ``channel`` or ``move`` may carry
+``"retry": false``: the daemon will refuse this pppd whenever it asks (it
+is not xl2tpd's pppd), so a plugin stops asking.  For ``channel`` and
+``move``: ``tunnel_id``, ``peer_tunnel_id``,
 ``session_id``, ``peer_session_id``, ``local``, ``peer``, ``role``,
 ``tunnel_fd`` and ``v``, with the PPPoL2TP socket (and a copy of the
 tunnel's UDP socket when ``tunnel_fd``) as SCM_RIGHTS.  The plugin checks
@@ -31,17 +39,18 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_REQUEST = 4096
-VERSION = 2
+VERSION = 3
+MOVE_VERSION = 3  # the first version whose ``move`` waits for the commit line
 ACK = b'{"op": "ack"}'
 ACK_TIMEOUT = 5.0
 
-OPS = ("status", "metrics", "reconcile", "channel")
+OPS = ("status", "metrics", "reconcile", "channel", "move")
 
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    op: Literal["status", "metrics", "reconcile", "channel"]
+    op: Literal["status", "metrics", "reconcile", "channel", "move"]
     v: int = Field(1, ge=1, le=65535)
     pid: Optional[int] = Field(None, ge=1)
 
@@ -64,9 +73,12 @@ def parse_request(data: bytes) -> tuple[Optional[Request], Optional[str]]:
     if obj["op"] not in OPS:
         return None, "unknown_op"
     try:
-        return Request.model_validate(obj), None
+        req = Request.model_validate(obj)
     except ValidationError:
         return None, "malformed_request"
+    if req.op == "move" and req.v < MOVE_VERSION:
+        return None, "move_needs_version_3"
+    return req, None
 
 
 def reply(ok: bool, **fields: object) -> bytes:

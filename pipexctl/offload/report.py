@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import errors
 from ..kernel.backend import NetlinkBackend
+from .statefile import SessionRecord
 
 if TYPE_CHECKING:
     from .service import OffloadService
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
 def status(svc: "OffloadService") -> dict[str, Any]:
     calls = svc.watch.calls()
     with svc.lock:
-        owned = {(t.instance, t.tunnel_id, cid) for t in svc.tunnels.values() for cid in t.records}
+        owned: dict[tuple[str, Optional[int], int], SessionRecord] = {
+            (t.instance, t.tunnel_id, cid): r for t in svc.tunnels.values() for cid, r in t.records.items()}
         return {
             "instances": svc.watch.instances(),
             "calls": [{"instance": c.instance, "role": c.role, "tunnel_id": c.tunnel_id, "call_id": c.call_id,
@@ -23,6 +25,9 @@ def status(svc: "OffloadService") -> dict[str, Any]:
                        "path": ("offloaded" if (c.instance, c.tunnel_id, c.call_id) in owned else
                                 "xl2tpd kernel mode" if c.data_path == "kernel" else
                                 "pty" if c.data_path == "userspace" else "unknown"),
+                       # an offloaded call: moved while it ran (from its pty), and since when (epoch s)
+                       **({"moved": r.moved, "since": r.since}
+                          if (r := owned.get((c.instance, c.tunnel_id, c.call_id))) else {}),
                        "why_not": svc.pty_reasons.get(c.pppd_pid) if c.pppd_pid else None}
                       for c in sorted(calls, key=lambda c: (c.instance, c.tunnel_id or 0, c.call_id))],
             "tunnels": [{"tunnel_id": t.tunnel_id, "peer_tunnel_id": t.peer_tunnel_id, "local": t.local,
@@ -71,7 +76,7 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
         "calls": [{"role": r, "data_path": d, "count": n} for (r, d), n in sorted(calls.items())],
         "offloaded_tunnels": n_tunnels,
         "offloaded_sessions": len(owned),
-        "offload": {"offloaded": stats["offloaded"], "removed": stats["removed"],
+        "offload": {"offloaded": stats["offloaded"], "moved": stats["moved"], "removed": stats["removed"],
                     "refused": {r: n for (k, r), n in sorted(reasons.items()) if k == "refused"},
                     "failed": {r: n for (k, r), n in sorted(reasons.items()) if k == "failed"}},
         "reconcile": {"runs": svc.reconciles, "adopted": stats["adopted"],

@@ -5,7 +5,11 @@ A pppd that loads the plugin (plugins/pipexctl.c) connects to a unix socket
 knows it by SO_PEERCRED, never by what it says.  For ``channel`` it checks
 that the peer is a pppd started by xl2tpd, waits for discovery to name the
 pppd's call (watch.py), and lets the offload service (service.py) make the
-kernel objects and hand the channel over on this connection.  ``status``,
+kernel objects and hand the channel over on this connection.  ``move`` is
+the same for a call already running on its pty (the plugin swaps the
+channel under the running ppp unit); it keeps no pty, and the daemon says
+``committed`` after the plugin's ack, so the plugin never swaps to a
+channel whose offload was undone.  ``status``,
 ``metrics`` and ``reconcile`` answer from the service.
 
 At start the recorded tunnels are relayed at once and the state file is
@@ -248,6 +252,8 @@ class OffloadServer:
             elif op == "channel":
                 pty = fds.pop(0) if fds and os.isatty(fds[0]) else None
                 self._channel(conn, pid, pty, req.acks)
+            elif op == "move":
+                self._channel(conn, pid, None, acks=True, move=True)
             else:  # parse_request lets only known ops through
                 raise AssertionError(op)
         except OSError as e:
@@ -293,35 +299,38 @@ class OffloadServer:
             raise errors.ChannelNotTakenError(f"pppd {pid} did not acknowledge its channel "
                                        f"({'closed' if not line else 'said ' + line[:60].decode('latin-1')!r})")
 
-    def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool) -> None:
+    def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool = False) -> None:
         held = False
         try:
-            held = self._channel_inner(conn, pid, pty, acks)
+            held = self._channel_inner(conn, pid, pty, acks, move)
         finally:
             if pty is not None and not held:
                 os.close(pty)  # not taken over: pppd stays on its pty
 
-    def _channel_inner(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool) -> bool:
-        """Offload pppd ``pid``'s call; True when ``pty`` is now held by us."""
+    def _channel_inner(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool) -> bool:
+        """Offload pppd ``pid``'s call (``move``: a call running on its pty);
+        True when ``pty`` is now held by us."""
         try:
             pidfd: Optional[int] = os.pidfd_open(pid)  # first: the /proc reads below are then of this process
         except ProcessLookupError:
             pidfd = None
         try:
-            return self._offload_for(conn, pid, pty, pidfd, acks)
+            return self._offload_for(conn, pid, pty, pidfd, acks, move)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
 
     def _offload_for(self, conn: socket.socket, pid: int, pty: Optional[int], pidfd: Optional[int],
-                     acks: bool) -> bool:
+                     acks: bool, move: bool) -> bool:
         svc = self.service
         xl2tpd_pid, refusal = prove_requester(pid) if pidfd is not None else (None, "requester_gone")
         if refusal or not _running(pidfd):
             refusal = refusal or "requester_gone"
             svc.refused(refusal, pid)
-            log.warning("channel request of pid %d refused: %s", pid, refusal.replace("_", " "))
-            self._reply(conn, {"ok": False, "error": REFUSALS[refusal].format(pid=pid)})
+            log.warning("%s request of pid %d refused: %s", "move" if move else "channel", pid,
+                        refusal.replace("_", " "))
+            # not xl2tpd's pppd now, so never: a plugin that would ask again stops
+            self._reply(conn, {"ok": False, "error": REFUSALS[refusal].format(pid=pid), "retry": False})
             return False
         t0 = time.monotonic()
         call, why = self.watch.call_of(pid, self.wait, xl2tpd_pid)
@@ -338,10 +347,13 @@ class OffloadServer:
             self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1, "v": VERSION}, fds=fds)
             if acks:
                 self._await_ack(conn, pid)
+            if move:  # kept from here on: the plugin swaps its channel only after this line
+                svc.failpoint("move-acked")
+                self._reply(conn, {"ok": True, "committed": True})
 
         timing: dict[str, float] = {}
         try:
-            ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing)
+            ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing, moved=move)
         except (errors.PipexError, OSError) as e:
             svc.failed(e, pid)
             log.warning("offload of call %d (pppd %d) failed: %s", call.call_id, pid, e)
@@ -352,13 +364,14 @@ class OffloadServer:
             return False
         ch.close()  # pppd holds the only copy now
         svc.failpoint("channel-sent")
-        svc.offloaded(time.monotonic() - t0)
-        log.info("call %d (tunnel %d) of pppd %d offloaded in %.0f ms (ms: discovery %.0f, lock %.0f, kernel %.0f, "
+        svc.offloaded(time.monotonic() - t0, moved=move)
+        log.info("call %d (tunnel %d) of pppd %d %s in %.0f ms (ms: discovery %.0f, lock %.0f, kernel %.0f, "
                  "state file %.0f, hand-off %.0f)", call.call_id, call.tunnel_id, pid,
+                 "moved from its pty into the kernel" if move else "offloaded",
                  (time.monotonic() - t0) * 1000, (t1 - t0) * 1000,
                  *(timing.get(k, 0) * 1000 for k in ("lock", "build", "state", "hand_off")),
                  extra={"journal": {"TUNNEL_ID": call.tunnel_id, "CALL_ID": call.call_id, "PEER": call.peer,
-                                    "PPPD_PID": pid, "EVENT": "offloaded"}})
+                                    "PPPD_PID": pid, "EVENT": "moved" if move else "offloaded"}})
         if pty is None:
             return False
         svc.ptys.hold((call.instance, call.call_id), pty)

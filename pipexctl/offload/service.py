@@ -55,6 +55,8 @@ log = logging.getLogger("pipexctl.serve")
 # kill there would; <name>@<seconds> stalls there instead, as a daemon
 # starved of CPU would.  Unset (always, in production) they cost one lookup.
 FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "state-saved", "channel-sent")
+# a live move's own point: the plugin acknowledged, the daemon has not said "committed"
+MOVE_FAILPOINTS = ("move-acked",)
 
 # seconds, request -> channel sent: Prometheus histogram bounds
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -72,10 +74,10 @@ def _failpoints() -> dict[str, Optional[float]]:
             points[name] = float(secs) if secs else None
         except ValueError:
             raise errors.InvalidArgumentError(f"PIPEXCTL_FAILPOINT: {spec!r}: seconds must be a number") from None
-    unknown = set(points) - set(FAILPOINTS)
+    unknown = set(points) - set(FAILPOINTS + MOVE_FAILPOINTS)
     if unknown:
         raise errors.InvalidArgumentError(f"PIPEXCTL_FAILPOINT: unknown {', '.join(sorted(unknown))} "
-                                          f"(known: {', '.join(FAILPOINTS)})")
+                                          f"(known: {', '.join(FAILPOINTS + MOVE_FAILPOINTS)})")
     return points
 
 
@@ -214,7 +216,7 @@ class OffloadService(Endings):
         self.ptys = PtyHolder()
         self.exits = Exits()
         self.stats = {"offloaded": 0, "refused": 0, "failed": 0, "removed": 0, "adopted": 0, "orphans_removed": 0,
-                      "unconfirmed_ends": 0}
+                      "unconfirmed_ends": 0, "moved": 0}
         self.reasons: collections.Counter[tuple[str, str]] = collections.Counter()  # (refused|failed, reason) -> count
         self.latencies: collections.deque[float] = collections.deque(maxlen=1000)  # request -> fd sent, seconds
         self.latency_hist = [0] * (len(LATENCY_BUCKETS) + 1)  # cumulative-free counts; the last is +Inf
@@ -263,9 +265,11 @@ class OffloadService(Endings):
             while len(self.pty_reasons) > 1000:
                 self.pty_reasons.pop(next(iter(self.pty_reasons)))
 
-    def offloaded(self, seconds: float) -> None:
+    def offloaded(self, seconds: float, moved: bool = False) -> None:
+        """One more call offloaded (``moved``: a running call, from its pty)."""
         with self.counter_lock:
             self.stats["offloaded"] += 1
+            self.stats["moved"] += moved
             self.latencies.append(seconds)
             self.latency_hist[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
             self.latency_sum += seconds
@@ -277,8 +281,9 @@ class OffloadService(Endings):
     # ---------------------------------------------------------- the offload
     def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None,
                 hand_off: Optional[HandOff] = None, xl2tpd_pid: Optional[int] = None,
-                timing: Optional[dict[str, float]] = None) -> tuple[PPPChannel, dict[str, Any]]:
-        """Give ``call`` a kernel channel; all or nothing.
+                timing: Optional[dict[str, float]] = None, moved: bool = False) -> tuple[PPPChannel, dict[str, Any]]:
+        """Give ``call`` a kernel channel; all or nothing (``moved``: the call
+        runs on its pty and its pppd swaps channels, the plugin's live move).
 
         ``pppd_pid`` and ``xl2tpd_pid`` (its verified parent) are watched:
         their exits, not log lines, end the session and the tunnel.
@@ -297,7 +302,7 @@ class OffloadService(Endings):
         try:
             with self.lock:
                 t_locked = time.monotonic()
-                ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid)
+                ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid, moved)
                 if hand_off is not None and ts.sock is not None:
                     # our own copy: the tunnel may be dropped (and its socket
                     # closed) by another thread while pppd is handed this one
@@ -339,8 +344,8 @@ class OffloadService(Endings):
                           hand_off=time.monotonic() - t_saved)
         return ch, meta
 
-    def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int]
-               ) -> tuple[PPPChannel, dict[str, Any], TunnelState, SessionRecord, bool, int]:
+    def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int],
+               moved: bool = False) -> tuple[PPPChannel, dict[str, Any], TunnelState, SessionRecord, bool, int]:
         """The kernel objects and the record of ``call`` (caller holds the lock)."""
         ids = call.ids()
         if ids is None:
@@ -383,7 +388,8 @@ class OffloadService(Endings):
                                         peer_session_id=ids.peer_call_id, pw_type=PwType.ppp))
             self.failpoint("channel-connected")
             rec = SessionRecord(call_id=call.call_id, peer_call_id=ids.peer_call_id,
-                                pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role, pty=pty)
+                                pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role, pty=pty, moved=moved,
+                                since=round(time.time(), 3))
             self.exits.watch(rec.pppd_pid)
             tx.on_rollback(lambda: ts.records.pop(call.call_id, None))
             tx.on_rollback(lambda: self.exits.unwatch(rec.pppd_pid))

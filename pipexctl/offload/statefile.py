@@ -57,6 +57,8 @@ class SessionRecord:
     pppd_pid: int = Field(ge=1)
     role: str = "unknown"
     pty: Optional[str] = Field(None, pattern=r"^/dev/pts/[0-9]{1,7}$")  # the slave end the daemon holds
+    moved: bool = False  # a running call moved from its pty (the plugin's live move), not offloaded at its start
+    since: Optional[float] = None  # when its data path became the kernel (epoch seconds; None: an older record)
 
 
 @pdataclass(slots=True, kw_only=True, frozen=True)
@@ -119,7 +121,7 @@ def load(path: str) -> tuple[State, Optional[str]]:
 # what these produce with the models above (a unit test compares the two).
 _TUNNEL_FIELDS = ("instance", "tunnel_id", "peer_tunnel_id", "local", "peer", "peer_port", "local_port",
                   "xl2tpd_pid")
-_SESSION_FIELDS = ("call_id", "peer_call_id", "pppd_pid", "role", "pty")
+_SESSION_FIELDS = ("call_id", "peer_call_id", "pppd_pid", "role", "pty", "moved", "since")
 
 
 def _json(obj: object) -> bytes:

@@ -53,16 +53,17 @@ class Harness:
     def __init__(self, p: subprocess.Popen, srv: socket.socket) -> None:
         self.p, self.srv, self.baseline = p, srv, -1
 
-    def ask(self, serve) -> tuple[int, int, str]:
-        """One px_request; ``serve(conn)`` answers it.  Returns (result, open fds, why);
-        fails if why holds a byte that is not printable ASCII."""
-        self.p.stdin.write("go\n")
+    def ask(self, serve, op: str = "channel") -> tuple[int, int, str]:
+        """One px_request (``op`` "move": one px_move); ``serve(conn)`` answers
+        it.  Returns (result, open fds, why); fails if why holds a byte that
+        is not printable ASCII."""
+        self.p.stdin.write("go\n" if op == "channel" else "move\n")
         self.p.stdin.flush()
         conn, _ = self.srv.accept()
         try:
             conn.settimeout(5)
             req = conn.recv(4096)
-            assert json.loads(req) == {"op": "channel", "v": 2, "pid": self.p.pid}
+            assert json.loads(req) == {"op": op, "v": 2 if op == "channel" else 3, "pid": self.p.pid}
             serve(conn)
         finally:
             conn.close()
@@ -143,3 +144,50 @@ def test_a_reply_without_its_socket_is_refused_and_the_fds_that_came_are_closed(
         os.close(fd)
     assert (r, why) == (-1, "received fd is not an AF_PPPOX socket")
     assert n == harness.baseline
+
+
+# px_move's results: what its timer does next (plugins/pipexctl.c)
+PX_REFUSED, PX_FINAL = -2, -3
+
+
+def test_a_move_refused_for_good_is_not_asked_again_and_any_other_refusal_is(harness):
+    """A refusal with "retry": false (the daemon will never take this pppd)
+    stops the plugin's move timer; any other refusal, or a reply that is no
+    channel, makes it ask again later.  Nothing is left open either way."""
+    def say(**reply):
+        return lambda c: c.sendall(json.dumps({"ok": False, **reply}).encode() + b"\n")
+
+    r, n, why = harness.ask(say(error="pid 1 is not a pppd started by xl2tpd", retry=False), op="move")
+    assert (r, why) == (PX_FINAL, "pipexctl refused: pid 1 is not a pppd started by xl2tpd")
+    assert n == harness.baseline
+    r, n, why = harness.ask(say(error="no xl2tpd call for pppd 1 within 60 s"), op="move")
+    assert (r, why) == (PX_REFUSED, "pipexctl refused: no xl2tpd call for pppd 1 within 60 s")
+    assert n == harness.baseline
+    fd = _fd("udp-connected")
+    try:  # a channel that is not one: refused by the plugin, asked again later
+        r, n, why = harness.ask(lambda c: socket.send_fds(
+            c, [b'{"ok": true, "tunnel_id": 5, "session_id": 7}\n'], [fd, fd]), op="move")
+    finally:
+        os.close(fd)
+    assert (r, why, n) == (PX_REFUSED, "received fd is not an AF_PPPOX socket", harness.baseline)
+
+
+@given(reply=replies, fds=fd_sets)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_reply_to_a_move_gives_a_reason_and_leaks_nothing(harness, reply, fds):
+    opened = [_fd(k) for k in fds]
+
+    def serve(conn):
+        try:
+            if reply or opened:
+                socket.send_fds(conn, [reply or b" "], opened)
+        except OSError:
+            pass
+
+    try:
+        r, n, why = harness.ask(serve, op="move")
+    finally:
+        for fd in opened:
+            os.close(fd)
+    assert r in (-1, PX_REFUSED, PX_FINAL) and why
+    assert n == harness.baseline, f"{n - harness.baseline} fd(s) left open after: {why}"

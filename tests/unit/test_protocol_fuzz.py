@@ -57,12 +57,22 @@ def test_the_contract_the_c_plugin_reads():
     with these bytes, and sends exactly this request and ack."""
     assert reply(True, tunnel_id=1).startswith(b'{"ok": true,')
     assert reply(False, error="x").startswith(b'{"ok": false,')
+    src = (Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.c").read_text()
+    # the request line as the plugin formats it: channel (v 2, at pppd's start) and move (v 3)
+    assert '"{\\"op\\": \\"%s\\", \\"v\\": %d, \\"pid\\": %d}\\n", op, with_pty ? 2 : 3' in src
+    assert 'px_ask("channel", 1,' in src and 'px_ask("move", 0,' in src
     req, why = parse_request(b'{"op": "channel", "v": 2, "pid": 4242}\n')
     assert why is None and req.acks and req.pid == 4242
+    req, why = parse_request(b'{"op": "move", "v": 3, "pid": 4242}\n')
+    assert why is None and req.op == "move" and req.acks
+    assert parse_request(b'{"op": "move", "v": 2, "pid": 4242}\n') == (None, "move_needs_version_3")
     assert is_ack(b'{"op": "ack"}') and not is_ack(b'{"op": "ack"') and not is_ack(b"")
-    src = (Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.c").read_text()
-    assert '"{\\"op\\": \\"channel\\", \\"v\\": 2, \\"pid\\": %d}\\n"' in src
     assert '"{\\"ok\\": true,"' in src and '"{\\"op\\": \\"ack\\"}\\n"' in src
+    # a move's commit line, and a refusal for good, as the plugin compares them
+    commit = reply(True, committed=True)
+    assert '"{\\"ok\\": true, \\"committed\\": true", 30' in src and len(b'{"ok": true, "committed": true') == 30
+    assert commit.startswith(b'{"ok": true, "committed": true')
+    assert b'"retry": false' in reply(False, error="x", retry=False) and '"\\"retry\\": false"' in src
 
 
 @pytest.fixture(scope="module")

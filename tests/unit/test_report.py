@@ -45,7 +45,7 @@ def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
     srv.service.refused("not_root")
     m = srv.service.metrics()
     assert m["offloaded_tunnels"] == 2 and m["offloaded_sessions"] == 3
-    assert m["offload"] == {"offloaded": 3, "removed": 0, "refused": {"no_call": 2, "not_root": 1},
+    assert m["offload"] == {"offloaded": 3, "moved": 0, "removed": 0, "refused": {"no_call": 2, "not_root": 1},
                             "failed": {"conflict": 1}}
     assert m["calls"] == [{"role": "lns", "data_path": "kernel", "count": 3}]
     assert [(s["tunnel_id"], s["session_id"], s["peer"]) for s in m["sessions"]] == \

@@ -73,3 +73,69 @@ def test_a_socket_activated_daemon_says_ready_and_leaves_the_socket_to_systemd(t
     assert "STOPPING=1" in notify_socket.recv(100).decode()
     assert os.path.exists(path)  # systemd's socket: it stays for the next start
     early.close()
+
+
+def _move_server(tmp_path, monkeypatch):
+    """A daemon that takes this test process for xl2tpd's pppd of call 1 (the
+    requester's proof and discovery's answer stood in for: what is tested is
+    the move's exchange on the socket)."""
+    import pipexctl.offload.server as server_mod
+    from pipexctl.discovery.state import CallInfo
+
+    d = Discovery([], proc=False, kernel=False)
+    srv = OffloadServer(str(tmp_path / "serve.sock"), d, NullBackend(), NullDataPath())
+    c = CallInfo(instance="xl2tpd", role="lns", peer="192.0.2.7", peer_port=1701, tunnel_id=100, peer_tunnel_id=200,
+                 call_id=1, peer_call_id=1001, pppd_pid=os.getpid(), data_path="userspace")
+    monkeypatch.setattr(server_mod, "prove_requester", lambda pid: (1, ""))
+    monkeypatch.setattr(srv.watch, "call_of", lambda pid, wait, xl2tpd_pid=None: (c, ""))
+    monkeypatch.setattr(server_mod, "ACK_TIMEOUT", 1.0)
+    # the null backend's channel has no fd to send: /dev/null stands in for the PPPoL2TP socket
+    import pipexctl.kernel.backend as backend_mod
+    nul = os.open("/dev/null", os.O_RDONLY)
+    monkeypatch.setattr(backend_mod._NullChannel, "fileno", lambda self: nul)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    for _ in range(200):
+        if os.path.exists(srv.socket_path):
+            break
+        time.sleep(0.02)
+    return srv, t
+
+
+def _ask_move(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    s.sendall(b'{"op": "move", "v": 3, "pid": %d}\n' % os.getpid())
+    data, fds, _, _ = socket.recv_fds(s, 4096, 2)
+    for fd in fds:
+        os.close(fd)
+    return s, json.loads(data)
+
+
+def test_a_move_is_committed_after_the_plugins_ack_and_only_then(tmp_path, monkeypatch):
+    srv, t = _move_server(tmp_path, monkeypatch)
+    try:
+        s, rep = _ask_move(srv.socket_path)
+        assert rep["ok"] and rep["session_id"] == 1 and rep["peer_session_id"] == 1001
+        s.sendall(b'{"op": "ack"}\n')
+        assert json.loads(s.makefile().readline()) == {"ok": True, "committed": True}
+        s.close()
+        for _ in range(200):  # counted by the request's thread after the commit line
+            if srv.service.stats["moved"]:
+                break
+            time.sleep(0.02)
+        assert srv.service.stats["moved"] == 1 and srv.service.stats["offloaded"] == 1
+        assert 1 in srv.service.tunnels[("xl2tpd", 100)].records
+        # no ack (the plugin gave up): undone, and no commit line is ever sent
+        srv.service.tunnels[("xl2tpd", 100)].records.pop(1)
+        s, rep = _ask_move(srv.socket_path)
+        assert rep["ok"]
+        # after the ack timeout: the offload's failure, never "committed"
+        assert json.loads(s.makefile().readline())["ok"] is False
+        s.close()
+        assert srv.service.stats["moved"] == 1 and 1 not in srv.service.tunnels[("xl2tpd", 100)].records
+        assert (100, 1) not in [(k.tunnel_id, k.session_id) for k in srv.service.backend.session_dump()]
+    finally:
+        srv.stop.set()
+        t.join(10)

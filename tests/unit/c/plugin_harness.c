@@ -2,7 +2,8 @@
  * Drives the plugin's request path (px_request: connect, send, receive the
  * reply and its fds, check them) outside pppd, for tests/unit/test_plugin_fuzz.py.
  * Built with -fsanitize=address,undefined, against pppd 2.4.9's headers.  For each line on stdin it asks
- * the socket in argv[1] once and prints "<result> <open fds> <why>".
+ * the socket in argv[1] once and prints "<result> <open fds> <bad bytes> <why>": a line "go" asks
+ * at pppd's start (px_request), a line "move" as a running call does (px_move).
  * pppd's own symbols the plugin names are stubbed below.
  */
 #include "pipexctl.c"
@@ -23,7 +24,9 @@ int generic_establish_ppp(int fd) { (void)fd; return -1; }
 void generic_disestablish_ppp(int fd) { (void)fd; }
 char ifname[MAXIFNAMELEN];
 struct channel *the_channel;
-lcp_options lcp_wantoptions[NUM_PPP], lcp_allowoptions[NUM_PPP];
+lcp_options lcp_wantoptions[NUM_PPP], lcp_allowoptions[NUM_PPP], lcp_gotoptions[NUM_PPP];
+fsm lcp_fsm[NUM_PPP];
+void timeout(void (*f)(void *), void *arg, int s, int us) { (void)f; (void)arg; (void)s; (void)us; }
 ipcp_options ipcp_wantoptions[NUM_PPP], ipcp_allowoptions[NUM_PPP];
 ccp_options ccp_wantoptions[NUM_PPP], ccp_allowoptions[NUM_PPP];
 
@@ -53,7 +56,7 @@ int main(int argc, char **argv)
 	px_timeout = 2;
 	while (fgets(line, sizeof(line), stdin)) {
 		why[0] = 0;
-		r = px_request(why, sizeof(why));
+		r = strncmp(line, "move", 4) == 0 ? px_move(why, sizeof(why)) : px_request(why, sizeof(why));
 		if (r == 0) {
 			close(px_fd);
 			if (px_tunnel_fd >= 0)

@@ -782,12 +782,13 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
 
 @cli.group()
 def offload() -> None:
-    """Turn the offload on or off in xl2tpd's pppd options files.
+    """Turn the offload on or off in xl2tpd's pppd options files; move running calls.
 
-    One marked block per options file (`plugin pipexctl.so` and its options);
-    no line outside it is touched, and a file that loads pipexctl.so or
-    pppol2tp.so elsewhere is refused. The Ansible module `pipexctl.l2tp.offload`
-    does the same through the same functions. Takes effect for the next call.
+    enable/disable: one marked block per options file (`plugin pipexctl.so`
+    and its options); no line outside it is touched, and a file that loads
+    pipexctl.so or pppol2tp.so elsewhere is refused. The Ansible module
+    `pipexctl.l2tp.offload` does the same through the same functions. Takes
+    effect for the next call. move: running calls between pty and kernel.
 
     \b
     Example:
@@ -856,6 +857,50 @@ def offload_disable(xl2tpd_conf: str, options_files: tuple[str, ...], dry_run: b
       pipexctl offload disable --options /etc/ppp/options.xl2tpd
     """
     _offload_apply(xl2tpd_conf, options_files, None, dry_run, as_json)
+
+
+@offload.command("move")
+@click.option("--call", "call_id", type=id_type, help="The call (our call id, as `pipexctl status` lists it).")
+@click.option("--tunnel-id", type=id_type, help="The call's tunnel, where its id is in several.")
+@click.option("--all", "all_calls", is_flag=True, help="Every call that can go.")
+@click.option("--undo", is_flag=True, help="Back from the kernel to the pty (default: from the pty into the kernel).")
+@click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
+              help="The daemon's socket.")
+@click.option("--json", "as_json", is_flag=True, help="The daemon's reply as JSON.")
+def offload_move(call_id: Optional[int], tunnel_id: Optional[int], all_calls: bool, undo: bool, socket_path: str,
+                 as_json: bool) -> None:
+    """Move running calls into the kernel, or back to their pty (--undo).
+
+    Without renegotiation: each call's pppd (pipexctl.so) swaps the channel
+    under its ppp unit. It works for calls that began on their pty (the
+    plugin keeps a control link to `pipexctl serve`); a call offloaded at
+    pppd's start gave its pty to the daemon and cannot go back. Move calls
+    back before stopping the daemon for good: while it runs, calls on their
+    ptys are moved in again only when asked (or by a new daemon).
+
+    \b
+    Examples:
+      pipexctl offload move --all --undo
+      pipexctl offload move --call 5215
+    """
+    from .offload.client import ask
+
+    if (call_id is None) == (not all_calls):
+        raise click.UsageError("name one call (--call) or --all")
+    req: dict[str, Any] = {"op": "path", "to": "pty" if undo else "kernel"}
+    req.update({"all": True} if all_calls else {"call": call_id, "tunnel": tunnel_id})
+    rep = ask(socket_path, req, timeout=60)
+    rep.pop("ok", None)
+    if as_json:
+        _emit_json(rep)
+    else:
+        where = "to the pty" if undo else "into the kernel"
+        for name in rep["moved"]:
+            click.echo(f"moved {where}: call {name}")
+        for name, why in sorted(rep["failed"].items()):
+            click.echo(f"not moved: call {name}: {why}")
+    if rep["failed"]:
+        raise errors.PipexError(f"{len(rep['failed'])} call(s) not moved {'to the pty' if undo else 'into the kernel'}")
 
 
 def _raise_fd_limit() -> None:

@@ -44,6 +44,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <sys/types.h>
 #include <sys/un.h>
 #include <dirent.h>
@@ -399,27 +400,37 @@ static int px_request(char *why, size_t whylen)
 
 /* pppd's /dev/ppp fds: the unit's (PPPIOCGUNIT answers) and the channel's
  * (it does not: the ioctl goes to the channel, which knows no such thing).
- * pppd 2.5 exports neither fd, so both are found by looking. */
-static int px_ppp_fds(int *chan, int *unit)
+ * pppd 2.5 exports neither fd, so both are found by looking, leaving out
+ * ``skip`` (the channel being switched to); ``seen`` says what was found
+ * when it is not one of each. */
+static int px_ppp_fds(int skip, int *chan, int *unit, char *seen, size_t seenlen)
 {
 	DIR *d = opendir("/proc/self/fd");
 	struct dirent *e;
 	struct stat st;
 	int fd, u, nchan = 0, nunit = 0;
+	size_t n = 0;
 
 	*chan = *unit = -1;
-	if (!d)
+	seen[0] = 0;
+	if (!d) {
+		snprintf(seen, seenlen, "/proc/self/fd: %s", strerror(errno));
 		return -1;
+	}
 	while ((e = readdir(d)) != NULL) {
 		fd = atoi(e->d_name);
-		if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d))
+		if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d) || fd == skip)
 			continue;
 		if (fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != 108)
 			continue;	/* 108: PPP_MAJOR, /dev/ppp */
 		if (ioctl(fd, PPPIOCGUNIT, &u) == 0) {
 			*unit = u;
 			nunit++;
+			if (n < seenlen)
+				n += snprintf(seen + n, seenlen - n, " fd %d: unit %d;", fd, u);
 		} else {
+			if (n < seenlen)
+				n += snprintf(seen + n, seenlen - n, " fd %d: %s;", fd, strerror(errno));
 			*chan = fd;
 			nchan++;
 		}
@@ -428,18 +439,51 @@ static int px_ppp_fds(int *chan, int *unit)
 	return nchan == 1 && nunit == 1 ? 0 : -1;
 }
 
-/* Swap the unit's channel from the pty's to the PPPoL2TP socket's, in one
- * step as pppd's main loop sees it: the new channel takes the old channel
- * fd's number, which pppd reads control frames from and writes them to. */
-static int px_swap(int sock, char *why, size_t whylen)
+/* Put the channel of ``to`` (a /dev/ppp channel file) under pppd's unit in
+ * place of the one on pppd's channel fd, in one step as pppd's main loop
+ * sees it: ``to`` takes that fd's number, which pppd reads control frames
+ * from and writes them to.  Returns the old channel's file (detached,
+ * close-on-exec), or -1 and why with nothing changed. */
+static int px_switch(int to, char *why, size_t whylen)
 {
-	int chan, unit, idx, nfd, n = 0;
-	char buf[2048];
+	int chan, unit, old, n = 0;
+	char buf[2048], seen[160];
 
-	if (px_ppp_fds(&chan, &unit) < 0) {
-		snprintf(why, whylen, "cannot tell pppd's channel and unit among its /dev/ppp fds");
+	if (px_ppp_fds(to, &chan, &unit, seen, sizeof(seen)) < 0) {
+		snprintf(why, whylen, "cannot tell pppd's channel and unit among its /dev/ppp fds:%s", seen);
 		return -1;
 	}
+	if (ioctl(chan, PPPIOCDISCONN) < 0) {
+		snprintf(why, whylen, "PPPIOCDISCONN on pppd's channel: %s", strerror(errno));
+		return -1;
+	}
+	if (ioctl(to, PPPIOCCONNECT, &unit) < 0) {
+		snprintf(why, whylen, "cannot connect the channel to ppp%d: %s", unit, strerror(errno));
+		if (ioctl(chan, PPPIOCCONNECT, &unit) < 0)
+			fatal("pipexctl: pppd's channel cannot be put back on ppp%d: %m", unit);
+		return -1;
+	}
+	/* what reached the channel while it had no unit waits on it; pppd
+	 * would answer its data frames with LCP Protocol-Rejects (which close
+	 * the peer's IPCP): drop them, a packet or two */
+	while (read(to, buf, sizeof(buf)) > 0)
+		n++;
+	old = fcntl(chan, F_DUPFD_CLOEXEC, 3);
+	if (old < 0 || dup2(to, chan) < 0)
+		fatal("pipexctl: cannot put the new channel on fd %d: %m", chan);
+	fcntl(chan, F_SETFD, FD_CLOEXEC);
+	close(to);
+	if (n)
+		dbglog("pipexctl: %d frame(s) that came before the switch dropped", n);
+	return old;
+}
+
+/* pty -> kernel: the PPPoL2TP socket's channel under the unit; the pty's
+ * channel is kept, detached, for a move back. */
+static int px_swap(int sock, char *why, size_t whylen)
+{
+	int idx, nfd, old;
+
 	if (ioctl(sock, PPPIOCGCHAN, &idx) < 0) {
 		snprintf(why, whylen, "PPPIOCGCHAN on the PPPoL2TP socket: %s", strerror(errno));
 		return -1;
@@ -451,31 +495,41 @@ static int px_swap(int sock, char *why, size_t whylen)
 			close(nfd);
 		return -1;
 	}
-	if (ioctl(chan, PPPIOCDISCONN) < 0) {
-		snprintf(why, whylen, "PPPIOCDISCONN on the pty's channel: %s", strerror(errno));
+	old = px_switch(nfd, why, whylen);
+	if (old < 0) {
 		close(nfd);
 		return -1;
 	}
-	if (ioctl(nfd, PPPIOCCONNECT, &unit) < 0) {
-		snprintf(why, whylen, "cannot connect the kernel channel to ppp%d: %s", unit, strerror(errno));
-		if (ioctl(chan, PPPIOCCONNECT, &unit) < 0)
-			fatal("pipexctl: the pty's channel cannot be put back on ppp%d: %m", unit);
-		close(nfd);
+	px_pty_chan = old;
+	return 0;
+}
+
+/* kernel -> pty, on the daemon's word: the pty's channel back under the
+ * unit, then the session's socket closed (the kernel deletes the session;
+ * what the peer sends for it goes to xl2tpd again, through the daemon's
+ * relay while the tunnel stays). */
+static int px_unmove(char *why, size_t whylen)
+{
+	int kern;
+
+	if (px_fd < 0) {
+		snprintf(why, whylen, "the call is not in the kernel");
 		return -1;
 	}
-	/* what the session got before the unit was there waits on the channel;
-	 * pppd would answer its data frames with LCP Protocol-Rejects (which
-	 * close the peer's IPCP): drop them, a packet or two */
-	while (read(nfd, buf, sizeof(buf)) > 0)
-		n++;
-	/* the pty's channel is kept, detached, for a move back */
-	px_pty_chan = fcntl(chan, F_DUPFD_CLOEXEC, 3);
-	if (dup2(nfd, chan) < 0)
-		fatal("pipexctl: cannot put the kernel channel on fd %d: %m", chan);
-	fcntl(chan, F_SETFD, FD_CLOEXEC);
-	close(nfd);
-	if (n)
-		dbglog("pipexctl: %d frame(s) that came before the move dropped", n);
+	if (px_pty_chan < 0) {
+		snprintf(why, whylen, "offloaded at pppd's start: its pty is the daemon's");
+		return -1;
+	}
+	kern = px_switch(px_pty_chan, why, whylen);
+	if (kern < 0)
+		return -1;
+	px_pty_chan = -1;
+	close(kern);
+	close(px_fd);
+	px_fd = -1;
+	if (px_tunnel_fd >= 0)
+		close(px_tunnel_fd);
+	px_tunnel_fd = -1;
 	return 0;
 }
 
@@ -513,44 +567,170 @@ static int px_move(char *why, size_t whylen)
 	return 0;
 }
 
-/* pppd's timer while the call is on its pty: ask to be moved once LCP is
- * up; again every pipexctl_move seconds while no daemon answers, and after
- * a refusal at growing intervals (to 5 minutes), so that thousands of pty
+/* ---- the control link: a connection the daemon keeps to this pppd for the
+ * call's life (a call that began on its pty), over which it may ask for a
+ * move back to the pty ("undo") or forward again ("move").  Read by the
+ * timer below, without blocking; reopened after a daemon restart. */
+
+static int px_link = -1;
+static int px_link_refused;	/* the daemon will never take this pppd */
+static int px_hold;		/* moved back on the daemon's word: no asking until it says "move" */
+static int px_asap;		/* the daemon said "move": ask at the next tick, whatever the backoff */
+static char px_linebuf[512];
+static size_t px_linelen;
+
+static void px_link_close(void)
+{
+	if (px_link >= 0)
+		close(px_link);
+	px_link = -1;
+	px_linelen = 0;
+	px_hold = 0;	/* a new daemon decides anew */
+}
+
+static void px_link_open(void)
+{
+	struct sockaddr_un sa;
+	char hello[96];
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (s < 0)
+		return;
+	memset(&sa, 0, sizeof(sa));
+	sa.sun_family = AF_UNIX;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", px_socket);
+	snprintf(hello, sizeof(hello), "{\"op\": \"link\", \"v\": 3, \"pid\": %d}\n", (int)getpid());
+	if (px_connect_timeout(s, &sa) < 0 ||
+	    send(s, hello, strlen(hello), MSG_NOSIGNAL) != (ssize_t)strlen(hello)) {
+		close(s);
+		return;
+	}
+	px_link = s;
+	dbglog("pipexctl: control link to %s open", px_socket);
+}
+
+static void px_link_say(const char *msg)
+{
+	if (px_link >= 0 && send(px_link, msg, strlen(msg), MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+		px_link_close();
+}
+
+static void px_link_line(const char *line)
+{
+	char why[320], rep[400];
+
+	if (strcmp(line, "{\"op\": \"undo\"}") == 0) {
+		if (px_unmove(why, sizeof(why)) == 0) {
+			px_hold = 1;
+			info("pipexctl: call moved back from the kernel to the pty (the daemon asked)");
+			px_link_say("{\"op\": \"undone\"}\n");
+		} else {
+			warn("pipexctl: not moved back to the pty: %s", why);
+			snprintf(rep, sizeof(rep), "{\"op\": \"not_undone\", \"error\": \"%s\"}\n", why);
+			px_link_say(rep);
+		}
+	} else if (strcmp(line, "{\"op\": \"move\"}") == 0) {
+		px_hold = 0;
+		px_asap = 1;
+	} else if (strncmp(line, "{\"ok\": false,", 13) == 0) {
+		if (strstr(line, "\"retry\": false"))
+			px_link_refused = 1;	/* not xl2tpd's pppd: never again */
+		px_link_close();
+	}
+	/* {"ok": true}: the daemon took the link */
+}
+
+static void px_link_read(void)
+{
+	ssize_t n;
+	char *nl;
+
+	for (;;) {
+		n = recv(px_link, px_linebuf + px_linelen, sizeof(px_linebuf) - 1 - px_linelen, MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+			px_link_close();
+			return;
+		}
+		if (n < 0)
+			return;
+		px_linelen += n;
+		px_linebuf[px_linelen] = 0;
+		while ((nl = strchr(px_linebuf, '\n')) != NULL) {
+			*nl = 0;
+			px_link_line(px_linebuf);
+			if (px_link < 0)
+				return;
+			px_linelen -= nl + 1 - px_linebuf;
+			memmove(px_linebuf, nl + 1, px_linelen + 1);
+		}
+		if (px_linelen >= sizeof(px_linebuf) - 1) {	/* no line fits: not our daemon */
+			px_link_close();
+			return;
+		}
+	}
+}
+
+static long px_now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec;
+}
+
+/* pppd's timer for a call that began on its pty, every pipexctl_move
+ * seconds for its life: keep the control link and act on it; while the call
+ * is on its pty (and the daemon did not move it back), ask to be moved once
+ * LCP is up: again at the next tick while no daemon answers, and after a
+ * refusal at growing intervals (5 s to 5 minutes), so that thousands of pty
  * calls cost a daemon that refuses them little. */
-static void px_move_tick(void *arg)
+static void px_tick(void *arg)
 {
 	static char last[320];
-	static int backoff;
+	static int backoff, no_pfc;
+	static long next;
 	char why[320];
 	int r;
 
 	(void)arg;
-	if (px_fd >= 0)
+	PX_TIMEOUT(px_tick, NULL, px_move_every, 0);
+	if (lcp_fsm[0].state != OPENED)
 		return;
-	if (lcp_fsm[0].state != OPENED) {
-		PX_TIMEOUT(px_move_tick, NULL, px_move_every, 0);
-		return;
+	if (!px_link_refused) {
+		if (px_link < 0)
+			px_link_open();
+		if (px_link >= 0)
+			px_link_read();
 	}
+	if (px_fd >= 0 || px_hold || no_pfc || px_link_refused || (!px_asap && px_now() < next))
+		return;
+	px_asap = 0;
 	if (lcp_gotoptions[0].neg_pcompression) {
 		/* the kernel channel takes no compressed protocol field */
 		warn("pipexctl: the peer sends compressed protocol fields (PFC): this call stays on the pty");
+		no_pfc = 1;
 		return;
 	}
 	r = px_move(why, sizeof(why));
 	if (r == 0) {
 		info("pipexctl: call moved from the pty into the kernel");
+		backoff = 0;
+		last[0] = 0;
 		return;
 	}
 	if (strcmp(why, last) != 0) {	/* each new reason once, not every second */
 		warn("pipexctl: not moved into the kernel: %s", why);
 		snprintf(last, sizeof(last), "%s", why);
 	}
-	if (r == PX_FINAL)
+	if (r == PX_FINAL) {
+		px_link_refused = 1;
+		px_link_close();
 		return;
-	backoff = r == PX_UNREACHED ? px_move_every : backoff ? backoff * 2 : 5;
+	}
+	backoff = r == PX_UNREACHED ? 0 : backoff ? backoff * 2 : 5;
 	if (backoff > 300)
 		backoff = 300;
-	PX_TIMEOUT(px_move_tick, NULL, backoff, 0);
+	next = px_now() + backoff;
 }
 
 static void px_process_extra_options(void)
@@ -612,7 +792,7 @@ static void px_check_options(void)
 		 * peer must not compress the protocol field (the kernel sends
 		 * it whole, which any peer accepts) */
 		lcp_wantoptions[0].neg_pcompression = 0;
-		PX_TIMEOUT(px_move_tick, NULL, px_move_every, 0);
+		PX_TIMEOUT(px_tick, NULL, px_move_every, 0);
 	}
 	the_channel = px_fallback;
 	if (the_channel->check_options)
@@ -672,6 +852,8 @@ static void px_close(void)
 		close(px_tunnel_fd);
 	if (px_pty_chan >= 0)
 		close(px_pty_chan);
+	if (px_link >= 0)
+		close(px_link);
 }
 
 static struct channel px_channel = {

@@ -631,7 +631,9 @@ class Discovery:
                     ev += self.tracker.observe_pppd(ins.name, c.call_id, cands[0].pid)
                     taken.add(cands[0].pid)
             k = by_pid.get(c.pppd_pid) if c.pppd_pid else None
-            if k is not None and k.data_path != "unknown":
+            # a pppd moved into the kernel keeps its pty: whether its call is
+            # in the kernel is the kernel dump's word (_reconcile_kernel)
+            if k is not None and k.data_path != "unknown" and not (self.kernel and c.data_path == "kernel"):
                 ev += self.tracker.observe_data_path(ins.name, c.call_id, k.data_path)
         return ev
 
@@ -667,8 +669,14 @@ class Discovery:
             return []
         ev: list[Event] = []
         for c in self.tracker.calls():
-            if c.tunnel_id is not None and (c.tunnel_id, c.call_id) in sessions:
+            if c.tunnel_id is None:
+                continue
+            if (c.tunnel_id, c.call_id) in sessions:
                 ev += self.tracker.observe_data_path(c.instance, c.call_id, "kernel")
+            elif c.data_path == "kernel" and self.tracker.instances[c.instance].kernel_mode is False:
+                # a userspace-mode xl2tpd's call leaves the kernel only for its
+                # pty (the live move back): its pppd still runs there
+                ev += self.tracker.observe_data_path(c.instance, c.call_id, "userspace")
         return ev
 
     def poll(self, reconcile: bool = True, control: bool = False,

@@ -8,7 +8,12 @@ bytes, one JSON object ending in a newline::
 - ``op``: ``channel`` (a pppd asks for its kernel channel; with the pty it
   was given as SCM_RIGHTS), ``move`` (a pppd whose call runs on its pty
   asks to be moved into the kernel: a "live move", protocol version 3),
-  ``status``, ``metrics`` or ``reconcile``;
+  ``link`` (such a pppd's control link, kept open for its call's life:
+  the daemon may write ``{"op": "undo"}`` or ``{"op": "move"}`` on it, the
+  plugin answers ``{"op": "undone"}`` or ``{"op": "not_undone", "error":
+  ...}``; links.py), ``path`` (the operator: move calls to ``"to": "pty"``
+  or ``"kernel"``, ``"call": ID`` with an optional ``"tunnel": ID``, or
+  ``"all": true``), ``status``, ``metrics`` or ``reconcile``;
 - ``v``: the protocol version the client speaks (1 when absent).  From 2 on,
   the client acknowledges a channel: after it has checked the sockets it
   got, it sends ``{"op": "ack"}`` on the same connection; without that
@@ -44,15 +49,20 @@ MOVE_VERSION = 3  # the first version whose ``move`` waits for the commit line
 ACK = b'{"op": "ack"}'
 ACK_TIMEOUT = 5.0
 
-OPS = ("status", "metrics", "reconcile", "channel", "move")
+OPS = ("status", "metrics", "reconcile", "channel", "move", "link", "path")
 
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    op: Literal["status", "metrics", "reconcile", "channel", "move"]
+    op: Literal["status", "metrics", "reconcile", "channel", "move", "link", "path"]
     v: int = Field(1, ge=1, le=65535)
     pid: Optional[int] = Field(None, ge=1)
+    # "path" (the operator's move): where the calls go, and which (a call id, in one tunnel, or all)
+    to: Optional[Literal["pty", "kernel"]] = None
+    call: Optional[int] = Field(None, ge=1, le=65535)
+    tunnel: Optional[int] = Field(None, ge=1, le=65535)
+    all: bool = False
 
     @property
     def acks(self) -> bool:
@@ -76,8 +86,10 @@ def parse_request(data: bytes) -> tuple[Optional[Request], Optional[str]]:
         req = Request.model_validate(obj)
     except ValidationError:
         return None, "malformed_request"
-    if req.op == "move" and req.v < MOVE_VERSION:
+    if req.op in ("move", "link") and req.v < MOVE_VERSION:
         return None, "move_needs_version_3"
+    if req.op == "path" and (req.to is None or (req.call is None) == (not req.all)):
+        return None, "path_needs_to_and_a_call_or_all"
     return req, None
 
 

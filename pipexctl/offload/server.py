@@ -40,7 +40,8 @@ from ..discovery.state import Event
 from ..kernel.backend import KernelBackend
 from . import paths, reconcile, sdnotify
 from .datapath import DataPath
-from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, is_ack, parse_request, reply
+from .links import Links
+from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, Request, is_ack, parse_request, reply
 from .service import OffloadService
 from .watch import CallWatch, FdEvent
 
@@ -77,6 +78,9 @@ def _running(pidfd: Optional[int]) -> bool:
     return not p.poll(0)
 
 
+LINK_TIMEOUT = 2.0  # seconds a write to a plugin's control link may block
+LINK_ANSWER_WAIT = 15.0  # seconds the plugins have to answer an operator's move (they tick every second)
+
 REFUSALS = {
     "requester_gone": "pid {pid} exited before its request was answered",
     "pppd_not_started_by_root": "pid {pid} is a pppd started by a user (setuid): only xl2tpd's pppds are offloaded",
@@ -109,6 +113,7 @@ class OffloadServer:
         self.stop = FdEvent()
         # a listening socket systemd made (pipexctl.socket): it outlives the daemon
         self.activated: Optional[socket.socket] = None
+        self.links = Links()  # the plugins' control links, by pppd pid
         self._watchdog, self._pinged = sdnotify.watchdog_interval(), 0.0
 
     # ---------------------------------------------------------- lifecycle
@@ -183,6 +188,7 @@ class OffloadServer:
                 self.watch.save_checkpoint()  # the next start reads only what comes after
             except Exception:  # never in the way of the shutdown
                 log.exception("cannot save the discovery checkpoint")
+            self.links.close()
             svc.shutdown()
 
     def _summary(self) -> str:
@@ -195,6 +201,7 @@ class OffloadServer:
         """The watcher's half-second round: the service's checks, then the
         watchdog ping (a watcher that hangs stops pinging)."""
         self.service.tick()
+        self.links.prune()
         now = time.monotonic()
         if self._watchdog is not None and now - self._pinged >= self._watchdog:
             self._pinged = now
@@ -213,6 +220,7 @@ class OffloadServer:
     # ---------------------------------------------------------- requests
     def _handle(self, conn: socket.socket) -> None:
         fds: list[int] = []
+        kept = False  # a plugin's control link: the connection stays open
         try:
             conn.settimeout(5)
             pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
@@ -254,6 +262,13 @@ class OffloadServer:
                 self._channel(conn, pid, pty, req.acks)
             elif op == "move":
                 self._channel(conn, pid, None, acks=True, move=True)
+            elif op == "link":
+                kept = self._link(conn, pid)
+            elif op == "path":
+                try:
+                    self._reply(conn, {"ok": True, **self._path(req)})
+                except errors.PipexError as e:  # the operator named no movable call
+                    self._reply(conn, {"ok": False, "error": str(e)})
             else:  # parse_request lets only known ops through
                 raise AssertionError(op)
         except OSError as e:
@@ -272,7 +287,116 @@ class OffloadServer:
         finally:
             for fd in fds:
                 os.close(fd)
-            conn.close()
+            if not kept:
+                conn.close()
+
+    # ---------------------------------------------------------- control links and the operator's moves
+    def _link(self, conn: socket.socket, pid: int) -> bool:
+        """Keep ``conn`` as pppd ``pid``'s control link; False when refused."""
+        _, refusal = prove_requester(pid)
+        if refusal:
+            self._reply(conn, {"ok": False, "error": REFUSALS[refusal].format(pid=pid), "retry": False})
+            return False
+        conn.settimeout(LINK_TIMEOUT)
+        self._reply(conn, {"ok": True})
+        self.links.add(pid, conn)
+        return True
+
+    def _path(self, req: Request) -> dict[str, Any]:
+        """The operator's move of calls to the pty (``undo``) or into the kernel,
+        through their plugins' control links: every link is written to first,
+        then the answers are gathered (the plugins act at their next tick, so
+        a thousand calls take about as long as one)."""
+        svc = self.service
+        to_pty = req.to == "pty"
+        with svc.lock:
+            owned = {rec.pppd_pid: (key, cid) for key, ts in svc.tunnels.items() for cid, rec in ts.records.items()}
+        cands: dict[int, tuple[Optional[int], int]]
+        if to_pty:
+            cands = {pid: (key[1], cid) for pid, (key, cid) in owned.items()}
+        else:
+            cands = {c.pppd_pid: (c.tunnel_id, c.call_id) for c in self.watch.calls()
+                     if c.pppd_pid and c.pppd_pid not in owned and c.data_path != "kernel"}  # not xl2tpd's own
+        chosen = {pid: tc for pid, tc in cands.items()
+                  if req.all or (tc[1] == req.call and req.tunnel in (None, tc[0]))}
+        if not req.all and len(chosen) != 1:
+            where = f"in tunnel {req.tunnel}" if req.tunnel else "in any tunnel"
+            raise errors.InvalidArgumentError(
+                f"call {req.call} {where}: {'no such call' if not chosen else 'several calls have this id'} "
+                f"{'in the kernel' if to_pty else 'on a pty'} (pipexctl status lists them; --tunnel-id picks one)")
+        failed: dict[str, str] = {}
+        asked: dict[int, tuple[Optional[int], int]] = {}
+        for pid, tc in chosen.items():
+            link = self.links.get(pid)
+            name = f"{tc[0]}/{tc[1]}"
+            if link is None:
+                failed[name] = ("no control link (offloaded at its start: its pty is the daemon's)" if to_pty
+                                else "no control link (a plugin without the live move, or pipexctl_move 0)")
+                continue
+            try:
+                link.sendall(b'{"op": "undo"}\n' if to_pty else b'{"op": "move"}\n')
+                asked[pid] = tc
+            except OSError as e:
+                failed[name] = f"control link: {e.strerror}"
+        done = self._await_undone(asked, owned, failed) if to_pty else self._await_moved(asked, failed)
+        log.info("operator's move %s: %d call(s) moved, %d not", "to the pty" if to_pty else "into the kernel",
+                 len(done), len(failed))
+        return {"to": req.to, "moved": sorted(done), "failed": failed}
+
+    def _await_undone(self, asked: dict[int, tuple[Optional[int], int]],
+                      owned: dict[int, tuple[tuple[str, int], int]], failed: dict[str, str]) -> list[str]:
+        done: list[str] = []
+        sel = selectors.DefaultSelector()
+        bufs: dict[int, bytes] = {}
+        for pid in asked:
+            link = self.links.get(pid)
+            if link is not None:
+                sel.register(link, selectors.EVENT_READ, pid)
+        end = time.monotonic() + LINK_ANSWER_WAIT
+        try:
+            while sel.get_map() and time.monotonic() < end:
+                for k, _ in sel.select(max(0.0, end - time.monotonic())):
+                    pid = k.data
+                    name = "{}/{}".format(*asked[pid])
+                    sock = k.fileobj
+                    assert isinstance(sock, socket.socket)
+                    try:
+                        chunk = sock.recv(512)
+                    except OSError:
+                        chunk = b""
+                    bufs[pid] = bufs.get(pid, b"") + chunk
+                    if chunk and b"\n" not in bufs[pid]:
+                        continue
+                    sel.unregister(k.fileobj)
+                    line = bufs[pid].split(b"\n")[0]
+                    if line == b'{"op": "undone"}':
+                        self.service.moved_back(*owned[pid], pid)
+                        done.append(name)
+                    else:
+                        failed[name] = ("the plugin said: " + line.decode("utf-8", "replace")[:200]) if line \
+                            else "control link closed"
+        finally:
+            for k in list(sel.get_map().values()):
+                failed["{}/{}".format(*asked[k.data])] = f"no answer within {LINK_ANSWER_WAIT:.0f} s"
+            sel.close()
+        return done
+
+    def _await_moved(self, asked: dict[int, tuple[Optional[int], int]], failed: dict[str, str]) -> list[str]:
+        # the plugin asks for its channel as at a move of its own: done once the service records it
+        end = time.monotonic() + LINK_ANSWER_WAIT
+        left = dict(asked)
+        done: list[str] = []
+        while left and time.monotonic() < end:
+            with self.service.lock:
+                owned = {rec.pppd_pid for ts in self.service.tunnels.values() for rec in ts.records.values()}
+            for pid in [p for p in left if p in owned]:
+                done.append("{}/{}".format(*left.pop(pid)))
+            if left:
+                self.stop.wait(0.1)
+        for pid, tc in left.items():
+            failed["{}/{}".format(*tc)] = (self.service.pty_reasons.get(pid)
+                                           or f"not moved within {LINK_ANSWER_WAIT:.0f} s")
+        return done
 
     def _reply(self, conn: socket.socket, obj: dict[str, Any], fds: Optional[list[int]] = None) -> None:
         data = reply(**obj)

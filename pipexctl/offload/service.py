@@ -428,6 +428,21 @@ class OffloadService(Endings):
                  extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": call.peer, "EVENT": "tunnel-made"}})
         return ts
 
+    def moved_back(self, key: TunnelKey, call_id: int, pppd_pid: int) -> None:
+        """pppd ``pppd_pid``'s plugin moved its call back to the pty (the
+        operator asked): the session went with the socket the plugin closed;
+        the record ends, and a tunnel left without calls goes, so that
+        xl2tpd's own socket takes the peer's packets again."""
+        with self.lock:
+            ts = self.tunnels.get(key)
+            rec = ts.records.get(call_id) if ts is not None else None
+            if ts is None or rec is None or rec.pppd_pid != pppd_pid:
+                return  # ended meanwhile
+            self._end_call(ts, call_id, "moved back to its pty (the operator asked)")
+            self._drop_when_empty(ts, f"its last call {call_id} moved back to its pty")
+            self.save(now=False)
+        self.write_saved()
+
     def _stale_session(self, ts: TunnelState, call_id: int) -> bool:
         """True when the kernel no longer has a session we recorded: its pppd
         closed the PPPoL2TP socket (it ended), whatever discovery says yet."""

@@ -15,13 +15,14 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from pipexctl.testing.ipsec import esp, wire_counter, wire_counts, xfrm_stat
-from pipexctl.testing.lab import PPP_OPTS_STOCK, Lab, iperf_client, iperf_server, plugin_options
+from pipexctl.testing.lab import PPP_OPTS_STOCK, Lab, iperf_server, plugin_options
 
 from .conftest import ip_l2tp, wait_until
 
@@ -179,7 +180,8 @@ def test_running_calls_move_into_the_kernel_when_the_daemon_starts(make_lab):
                detail=lab.tails)
 
 
-@pytest.mark.one_debian
+@pytest.mark.one_debian("stock options and ESP around a move; the swap itself, in pppd 2.4.9 and 2.5.2 on both "
+                        "kernels, is the first test's")
 def test_a_call_with_stock_options_under_ipsec_moves_and_keeps_its_compression(make_lab):
     """As Debian runs it: pppd's stock options (Deflate and VJ negotiated on
     the pty; the plugin only keeps the peer from compressing the protocol
@@ -206,9 +208,13 @@ def test_a_call_with_stock_options_under_ipsec_moves_and_keeps_its_compression(m
     at_move = status_lns_bytes(lab)
     r = subprocess.run(["ip", "netns", "exec", l1.ns, "ping", "-c", "10", "-i", "0.2", "-s", "1200", "-W", "3",
                         LNS_ADDR], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-600:]
+    assert r.returncode == 0, r.stdout[-600:] + lab.tails()
     with iperf_server(lab.lns.ns, LNS_ADDR):
-        got = [iperf_client(l1.ns, LNS_ADDR, 3, reverse=rev)["bytes"] for rev in (False, True)]
+        got = []
+        for rev in ([], ["-R"]):  # bounded: a stalled link must fail the test, not hang it
+            r = subprocess.run(["ip", "netns", "exec", l1.ns, "iperf3", "-c", LNS_ADDR, "-t", "3", "-J", *rev],
+                               capture_output=True, text=True, timeout=40)
+            got.append(json.loads(r.stdout)["end"]["sum_received"]["bytes"])
     assert min(got) > 1_000_000, got  # bytes: the transfer ran, both ways
     assert status_lns_bytes(lab) - at_move < 0.01 * sum(got), "xl2tpd still carried the call"
     assert [negotiations(p.read_text()) for p in logs] == before  # no renegotiation
@@ -221,7 +227,7 @@ def test_a_call_with_stock_options_under_ipsec_moves_and_keeps_its_compression(m
                timeout=60, detail=lab.tails)
 
 
-@pytest.mark.one_debian
+@pytest.mark.one_debian("the daemon's side of a kill between ack and commit; the swap on both is the first test's")
 def test_a_daemon_killed_in_the_middle_of_a_move_leaves_the_call_on_its_pty(make_lab):
     """kill -9 of the daemon after the plugin acknowledged the channel and
     before the daemon said "committed" (PIPEXCTL_FAILPOINT=move-acked): the
@@ -255,3 +261,58 @@ def test_a_daemon_killed_in_the_middle_of_a_move_leaves_the_call_on_its_pty(make
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-600:]
     assert lab.serve_status(lab.lns)["stats"]["moved"] == 1
+
+
+def pipexctl(ns: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "pipexctl", *args],
+                          capture_output=True, text=True, timeout=90)
+
+
+@pytest.mark.one_debian("the operator's moves over the control link; the swap on both is the first test's")
+def test_the_operator_moves_a_call_back_to_its_pty_and_in_again(make_lab):
+    """`pipexctl offload move --all --undo`: the plugin puts the pty's channel
+    back under the unit (the daemon asks over the call's control link), the
+    kernel session and the tunnel go, and xl2tpd carries the call again;
+    `pipexctl offload move --call ID` moves it in again.  A ping at 10/s
+    runs across both switches; no LCP/IPCP renegotiation."""
+    lab = make_lab(1, lac_extra_pppd="")  # the LAC's pppd on its pty, no plugin
+    l1 = lab.lacs[0]
+    lab.start_all(plugin_options(required=False) + "debug\n")
+    lab.connect(l1)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
+    log = lab.lns.dir / "pppd.log"
+    sock = lab.serve_socket(lab.lns)
+    lab.serve(lab.lns)
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and "call moved from the pty" in log.read_text(),
+               "the call moved in", timeout=60, detail=lab.tails)
+    before = negotiations(log.read_text())
+    ping = subprocess.Popen(["ip", "netns", "exec", l1.ns, "ping", "-D", "-i", "0.1", "-c", "300", "-W", "2",
+                             LNS_ADDR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
+    switched = [time.time()]
+    r = pipexctl(lab.lns.ns, "offload", "move", "--all", "--undo", "--socket", sock)
+    assert r.returncode == 0 and "moved to the pty: call" in r.stdout, r.stdout + r.stderr + lab.tails()
+    assert ip_l2tp(lab.lns.ns, "session") == [] == ip_l2tp(lab.lns.ns, "tunnel")  # xl2tpd's socket takes it all
+    assert "call moved back from the kernel to the pty" in log.read_text()
+    st = lab.serve_status(lab.lns)
+    (c,) = st["calls"]
+    assert c["path"] == "pty" and st["stats"]["removed"] == 1, st
+    carried = status_lns_bytes(lab)
+    time.sleep(3)
+    assert status_lns_bytes(lab) > carried  # the ping goes through xl2tpd again
+    time.sleep(3)  # the plugin holds on its pty: no move of its own
+    assert ip_l2tp(lab.lns.ns, "session") == []
+    switched.append(time.time())
+    r = pipexctl(lab.lns.ns, "offload", "move", "--call", str(c["call_id"]), "--socket", sock)
+    assert r.returncode == 0 and "moved into the kernel: call" in r.stdout, r.stdout + r.stderr + lab.tails()
+    assert len(ip_l2tp(lab.lns.ns, "session")) == 1
+    # a call that is not there: one clear error, exit 1
+    r = pipexctl(lab.lns.ns, "offload", "move", "--call", "1", "--tunnel-id", "1", "--socket", sock)
+    assert r.returncode == 1 and "no such call" in r.stderr, r.stdout + r.stderr
+    ping_out, _ = ping.communicate(timeout=60)
+    near, far = lost_near(ping_out, switched, window=2.0)
+    print("operator's moves:", json.dumps({"ping_lost_at_switches": near, "ping_lost_elsewhere": far}))
+    assert near <= 2 and far == 0, ping_out[-800:]
+    assert negotiations(log.read_text()) == before  # no renegotiation either way
+    lab.disconnect(l1)
+    wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [], "the tunnel closed", timeout=60, detail=lab.tails)

@@ -231,3 +231,52 @@ def test_a_call_whose_child_has_not_exec_d_pppd_yet_is_not_ended_by_a_proc_scan(
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_moved_calls_data_path_follows_the_kernel_not_its_pty(tmp_path):
+    """A pppd moved into the kernel keeps its pty (the live move): /proc's
+    tty says "userspace" while the kernel holds the session.  The kernel
+    dump decides, each way: a call of a userspace-mode xl2tpd is "kernel"
+    while its session is there and "userspace" again once it has gone back
+    to its pty, with one event per change, not one per poll."""
+    import subprocess
+
+    from pipexctl.discovery import procscan
+    from pipexctl.kernel.backend import NullBackend
+    from pipexctl.model import PwType, SessionSpec, TunnelSpec
+
+    pppd = subprocess.Popen(["sleep", "60"])
+    try:
+        me = os.getpid()
+        log = tmp_path / "x.log"
+        log.write_text(f"xl2tpd[{me}]: Not looking for kernel support.\n"
+                       f"xl2tpd[{me}]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
+                       f"(ref=0/0).  LNS session is 'default'\n"
+                       f"xl2tpd[{me}]: Call established with 10.99.1.2, PID: {pppd.pid}, Local: 19361, "
+                       f"Remote: 13604, Serial: 1\n")
+        d = Discovery([str(log)], proc=False, kernel=False)
+        d.poll(reconcile=False)
+        d.proc = d.kernel = True
+        d._backend = kernel = NullBackend()
+        xl2tpd = procscan.Proc(pid=me, ppid=os.getppid(), comm="xl2tpd", argv=["xl2tpd"], start=0)
+        on_pty = procscan.Proc(pid=pppd.pid, ppid=me, comm="pppd", argv=["pppd"], start=0, ttys=["/dev/pts/3"])
+        scanned = ([xl2tpd], {me: [on_pty]})
+
+        def path_events():
+            ev = d._reconcile_proc(scanned=scanned) + d._reconcile_kernel()
+            (c,) = d.tracker.calls()
+            return [e.event for e in ev], c.data_path
+
+        assert path_events() == (["CallUpdated"], "userspace")
+        kernel.tunnel_create(TunnelSpec(tunnel_id=28398, peer_tunnel_id=58717, version=2, fd=0))
+        kernel.session_create(SessionSpec(tunnel_id=28398, session_id=19361, peer_session_id=13604, version=2,
+                                          pw_type=PwType.ppp))
+        assert path_events() == (["DataPathChanged"], "kernel")  # moved in; its pppd still holds the pty
+        assert path_events() == ([], "kernel")  # and stays so: no flip-flop per poll
+        kernel.session_delete(28398, 19361)
+        assert path_events() == (["DataPathChanged"], "userspace")  # moved back
+        assert path_events() == ([], "userspace")
+        d.close()
+    finally:
+        pppd.kill()
+        pppd.wait()

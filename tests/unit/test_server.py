@@ -11,7 +11,10 @@ import socket
 import threading
 import time
 
+import pytest
+
 from pipexctl.discovery.discovery import Discovery
+from pipexctl.errors import SocketError
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload.client import ask
 from pipexctl.offload.datapath import NullDataPath
@@ -139,3 +142,69 @@ def test_a_move_is_committed_after_the_plugins_ack_and_only_then(tmp_path, monke
     finally:
         srv.stop.set()
         t.join(10)
+
+
+def test_an_operators_undo_goes_over_the_plugins_link_and_ends_the_record(tmp_path, monkeypatch):
+    """The daemon keeps a plugin's control link; `pipexctl offload move
+    --undo` writes "undo" on it, and the plugin's "undone" ends the record and
+    the tunnel left without calls.  A link whose plugin went away is pruned."""
+    from pipexctl.offload.client import ask
+
+    srv, t = _move_server(tmp_path, monkeypatch)
+    try:
+        s, rep = _ask_move(srv.socket_path)
+        s.sendall(b'{"op": "ack"}\n')
+        assert json.loads(s.makefile().readline())["committed"]
+        s.close()
+        for _ in range(200):
+            if srv.service.stats["moved"]:
+                break
+            time.sleep(0.02)
+        link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        link.settimeout(10)
+        link.connect(srv.socket_path)
+        link.sendall(b'{"op": "link", "v": 3, "pid": %d}\n' % os.getpid())
+        lines = link.makefile("rb")
+        assert json.loads(lines.readline()) == {"ok": True}
+        with pytest.raises(SocketError, match="call 9 in any tunnel: no such call in the kernel"):
+            ask(srv.socket_path, {"op": "path", "to": "pty", "call": 9})
+        got = {}
+        asker = threading.Thread(target=lambda: got.update(
+            ask(srv.socket_path, {"op": "path", "to": "pty", "call": 1}, timeout=20)))
+        asker.start()
+        assert json.loads(lines.readline()) == {"op": "undo"}  # what the plugin reads at its tick
+        link.sendall(b'{"op": "undone"}\n')
+        asker.join(20)
+        assert got["moved"] == ["100/1"] and got["failed"] == {}, got
+        assert ("xl2tpd", 100) not in srv.service.tunnels  # its only call went back: xl2tpd's socket again
+        assert len(srv.links) == 1
+        lines.close()  # the file object holds the socket's fd too
+        link.close()
+        for _ in range(100):  # the peer's close reaches the poll at once; at most a moment
+            if srv.links.prune() or not len(srv.links):
+                break
+            time.sleep(0.02)
+        assert len(srv.links) == 0
+    finally:
+        srv.stop.set()
+        t.join(10)
+
+
+def test_links_are_pruned_when_their_plugin_goes_and_replaced_per_pid():
+    from pipexctl.offload.links import Links
+
+    links = Links()
+    a, a_peer = socket.socketpair()
+    b, b_peer = socket.socketpair()
+    links.add(7, a)
+    links.add(8, b)
+    assert links.prune() == 0 and sorted(links.pids()) == [7, 8]
+    c, c_peer = socket.socketpair()
+    links.add(7, c)  # a new link of the same pppd replaces (and closes) the old
+    assert a.fileno() == -1 and links.get(7) is c
+    b_peer.close()
+    assert links.prune() == 1 and links.pids() == [7]
+    links.close()
+    assert c.fileno() == -1 and len(links) == 0
+    for x in (a_peer, c_peer):
+        x.close()

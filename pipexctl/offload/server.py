@@ -315,8 +315,9 @@ class OffloadServer:
         if to_pty:
             cands = {pid: (key[1], cid) for pid, (key, cid) in owned.items()}
         else:
+            linked = set(self.links.pids())  # a plugin with a link runs the live move: on its pty if not owned
             cands = {c.pppd_pid: (c.tunnel_id, c.call_id) for c in self.watch.calls()
-                     if c.pppd_pid and c.pppd_pid not in owned and c.data_path != "kernel"}  # not xl2tpd's own
+                     if c.pppd_pid and c.pppd_pid not in owned and (c.pppd_pid in linked or c.data_path != "kernel")}
         chosen = {pid: tc for pid, tc in cands.items()
                   if req.all or (tc[1] == req.call and req.tunnel in (None, tc[0]))}
         if not req.all and len(chosen) != 1:

@@ -441,6 +441,9 @@ class OffloadService(Endings):
             self._end_call(ts, call_id, "moved back to its pty (the operator asked)")
             self._drop_when_empty(ts, f"its last call {call_id} moved back to its pty")
             self.save(now=False)
+            # discovery would learn it from its next kernel dump: say it now (status, the next move)
+            with self.watch.lock:
+                self.watch.discovery.tracker.observe_data_path(key[0], call_id, "userspace")
         self.write_saved()
 
     def _stale_session(self, ts: TunnelState, call_id: int) -> bool:

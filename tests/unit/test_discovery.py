@@ -196,6 +196,19 @@ def test_lac_argv_at_the_end_of_the_log_is_used(tmp_path):
     assert c.pppd_argv[1] == "/dev/pts/0" and c.data_path == "userspace"
 
 
+def _one_lns_call(tmp_path, xl2tpd_pid, pppd_pid, first=""):
+    """Discovery of a log with one LNS call (tunnel 28398, call 19361) of
+    xl2tpd ``xl2tpd_pid`` and pppd ``pppd_pid``, read once; ``first``: lines before it."""
+    log = tmp_path / "x.log"
+    log.write_text(first + f"xl2tpd[{xl2tpd_pid}]: Connection established to 10.99.1.2, 1701.  Local: 28398, "
+                   f"Remote: 58717 (ref=0/0).  LNS session is 'default'\n"
+                   f"xl2tpd[{xl2tpd_pid}]: Call established with 10.99.1.2, PID: {pppd_pid}, Local: 19361, "
+                   f"Remote: 13604, Serial: 1\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.poll(reconcile=False)
+    return d
+
+
 def test_a_call_whose_child_has_not_exec_d_pppd_yet_is_not_ended_by_a_proc_scan(tmp_path):
     """xl2tpd logs "Call established ... PID: N" right after fork(), while
     child N may still be a copy of xl2tpd that has not exec'd pppd (a slow
@@ -210,13 +223,7 @@ def test_a_call_whose_child_has_not_exec_d_pppd_yet_is_not_ended_by_a_proc_scan(
     child = subprocess.Popen(["sleep", "60"])
     try:
         me = os.getpid()
-        log = tmp_path / "x.log"
-        log.write_text(f"xl2tpd[{me}]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
-                       f"(ref=0/0).  LNS session is 'default'\n"
-                       f"xl2tpd[{me}]: Call established with 10.99.1.2, PID: {child.pid}, Local: 19361, "
-                       f"Remote: 13604, Serial: 1\n")
-        d = Discovery([str(log)], proc=False, kernel=False)
-        d.poll(reconcile=False)
+        d = _one_lns_call(tmp_path, me, child.pid)
         d.proc = True
         (c,) = d.tracker.calls()
         assert c.pppd_pid == child.pid and d.tracker.inst(d.sources[0].name).daemon_pid == me
@@ -248,14 +255,7 @@ def test_a_moved_calls_data_path_follows_the_kernel_not_its_pty(tmp_path):
     pppd = subprocess.Popen(["sleep", "60"])
     try:
         me = os.getpid()
-        log = tmp_path / "x.log"
-        log.write_text(f"xl2tpd[{me}]: Not looking for kernel support.\n"
-                       f"xl2tpd[{me}]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
-                       f"(ref=0/0).  LNS session is 'default'\n"
-                       f"xl2tpd[{me}]: Call established with 10.99.1.2, PID: {pppd.pid}, Local: 19361, "
-                       f"Remote: 13604, Serial: 1\n")
-        d = Discovery([str(log)], proc=False, kernel=False)
-        d.poll(reconcile=False)
+        d = _one_lns_call(tmp_path, me, pppd.pid, f"xl2tpd[{me}]: Not looking for kernel support.\n")
         d.proc = d.kernel = True
         d._backend = kernel = NullBackend()
         xl2tpd = procscan.Proc(pid=me, ppid=os.getppid(), comm="xl2tpd", argv=["xl2tpd"], start=0)

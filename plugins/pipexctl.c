@@ -314,7 +314,7 @@ static int px_ask(const char *op, int with_pty, int *conn, int *fd, int *tfd, ch
 	if (px_recv(s, rep, replen, fds) < 0) {
 		snprintf(why, whylen, "no reply from %s: %s", px_socket, strerror(errno));
 		close(s);
-		return PX_UNREACHED;
+		return PX_REFUSED;	/* a daemon that does not answer in time is busy: ask it less often */
 	}
 	ret = PX_REFUSED;
 	/* the contract: the reply is one JSON object whose first member is "ok" */

@@ -313,7 +313,8 @@ def test_a_plugin_that_gives_up_mid_offload_leaves_nothing_and_its_call_on_the_p
     offloaded: a kernel session talks to a userspace xl2tpd as to any peer)."""
     lab = Lab(kernel_mode=False).setup(1)
     try:
-        lab.start_all(plugin_options(required=False) + "pipexctl_timeout 3\n")
+        # the start's give-up only: not moved in later (test_live_offload)
+        lab.start_all(plugin_options(required=False) + "pipexctl_timeout 3\npipexctl_move 0\n")
         l1 = lab.lacs[0]
         lab.serve(lab.lns, env={"PIPEXCTL_FAILPOINT": "session-created@8"})
         lab.serve(l1)
@@ -370,7 +371,7 @@ def test_nft_failing_at_start_and_at_sighup_never_stops_the_daemon():
     while the table is held, and the reload touches no nft."""
     lab, owner = Lab(kernel_mode=False, sections=2).setup(1), None
     try:
-        lab.start_all(plugin_options(required=False))
+        lab.start_all(plugin_options(required=False) + "pipexctl_move 0\n")  # the start's refusals only
         l1 = lab.lacs[0]
         owner = _owned_table(lab.lns.ns)
         srv = lab.serve(lab.lns)
@@ -433,7 +434,7 @@ def test_sixty_calls_past_the_fd_limit_stay_on_their_ptys_and_nothing_leaks():
     hung up, nothing is left, and the next call is offloaded."""
     lab = Lab(kernel_mode=False, sections=CALLS // 4).setup(4)
     try:
-        lab.start_all(plugin_options(required=False) + "pipexctl_timeout 30\n")
+        lab.start_all(plugin_options(required=False) + "pipexctl_timeout 30\npipexctl_move 0\n")
         p = _serve_with_fd_limit(lab, lab.lns, 64, "--wait", "30")
         for lac in lab.lacs:
             lab.serve(lac, "--wait", "30")

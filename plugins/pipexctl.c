@@ -788,9 +788,12 @@ static void px_check_options(void)
 		fatal("pipexctl: %s (pipexctl_required is set)", why);
 	warn("pipexctl: %s; continuing on the pty", why);
 	if (px_move_every && !px_nokernel) {
-		/* a later move needs frames the kernel channel can take: the
-		 * peer must not compress the protocol field (the kernel sends
-		 * it whole, which any peer accepts) */
+		/* the call is to be moved into the kernel: negotiated as a call
+		 * offloaded at pppd's start is (no compression, unless
+		 * pipexctl_compression), and in any case with no compressed
+		 * protocol field from the peer, which the kernel channel cannot
+		 * take (the kernel sends it whole, which any peer accepts) */
+		px_no_compression();
 		lcp_wantoptions[0].neg_pcompression = 0;
 		PX_TIMEOUT(px_tick, NULL, px_move_every, 0);
 	}

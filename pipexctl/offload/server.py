@@ -307,10 +307,8 @@ class OffloadServer:
         through their plugins' control links: every link is written to first,
         then the answers are gathered (the plugins act at their next tick, so
         a thousand calls take about as long as one)."""
-        svc = self.service
         to_pty = req.to == "pty"
-        with svc.lock:
-            owned = {rec.pppd_pid: (key, cid) for key, ts in svc.tunnels.items() for cid, rec in ts.records.items()}
+        owned = self.service.by_pppd()
         cands: dict[int, tuple[Optional[int], int]]
         if to_pty:
             cands = {pid: (key[1], cid) for pid, (key, cid) in owned.items()}
@@ -325,8 +323,8 @@ class OffloadServer:
             raise errors.InvalidArgumentError(
                 f"call {req.call} {where}: {'no such call' if not chosen else 'several calls have this id'} "
                 f"{'in the kernel' if to_pty else 'on a pty'} (pipexctl status lists them; --tunnel-id picks one)")
-        failed: dict[str, str] = {}
-        asked: dict[int, tuple[Optional[int], int]] = {}
+        failed: dict[str, str] = {}  # by call name ("TUNNEL/CALL")
+        asked: dict[int, str] = {}  # pppd pid -> its call's name
         for pid, tc in chosen.items():
             link = self.links.get(pid)
             name = f"{tc[0]}/{tc[1]}"
@@ -336,7 +334,7 @@ class OffloadServer:
                 continue
             try:
                 link.sendall(b'{"op": "undo"}\n' if to_pty else b'{"op": "move"}\n')
-                asked[pid] = tc
+                asked[pid] = name
             except OSError as e:
                 failed[name] = f"control link: {e.strerror}"
         done = self._await_undone(asked, owned, failed) if to_pty else self._await_moved(asked, failed)
@@ -344,8 +342,8 @@ class OffloadServer:
                  len(done), len(failed))
         return {"to": req.to, "moved": sorted(done), "failed": failed}
 
-    def _await_undone(self, asked: dict[int, tuple[Optional[int], int]],
-                      owned: dict[int, tuple[tuple[str, int], int]], failed: dict[str, str]) -> list[str]:
+    def _await_undone(self, asked: dict[int, str], owned: dict[int, tuple[tuple[str, int], int]],
+                      failed: dict[str, str]) -> list[str]:
         done: list[str] = []
         sel = selectors.DefaultSelector()
         bufs: dict[int, bytes] = {}
@@ -358,7 +356,7 @@ class OffloadServer:
             while sel.get_map() and time.monotonic() < end:
                 for k, _ in sel.select(max(0.0, end - time.monotonic())):
                     pid = k.data
-                    name = "{}/{}".format(*asked[pid])
+                    name = asked[pid]
                     sock = k.fileobj
                     assert isinstance(sock, socket.socket)
                     try:
@@ -378,25 +376,23 @@ class OffloadServer:
                             else "control link closed"
         finally:
             for k in list(sel.get_map().values()):
-                failed["{}/{}".format(*asked[k.data])] = f"no answer within {LINK_ANSWER_WAIT:.0f} s"
+                failed[asked[k.data]] = f"no answer within {LINK_ANSWER_WAIT:.0f} s"
             sel.close()
         return done
 
-    def _await_moved(self, asked: dict[int, tuple[Optional[int], int]], failed: dict[str, str]) -> list[str]:
+    def _await_moved(self, asked: dict[int, str], failed: dict[str, str]) -> list[str]:
         # the plugin asks for its channel as at a move of its own: done once the service records it
         end = time.monotonic() + LINK_ANSWER_WAIT
         left = dict(asked)
         done: list[str] = []
         while left and time.monotonic() < end:
-            with self.service.lock:
-                owned = {rec.pppd_pid for ts in self.service.tunnels.values() for rec in ts.records.values()}
+            owned = self.service.by_pppd()
             for pid in [p for p in left if p in owned]:
-                done.append("{}/{}".format(*left.pop(pid)))
+                done.append(left.pop(pid))
             if left:
                 self.stop.wait(0.1)
-        for pid, tc in left.items():
-            failed["{}/{}".format(*tc)] = (self.service.pty_reasons.get(pid)
-                                           or f"not moved within {LINK_ANSWER_WAIT:.0f} s")
+        for pid, name in left.items():
+            failed[name] = self.service.pty_reasons.get(pid) or f"not moved within {LINK_ANSWER_WAIT:.0f} s"
         return done
 
     def _reply(self, conn: socket.socket, obj: dict[str, Any], fds: Optional[list[int]] = None) -> None:

@@ -74,10 +74,11 @@ def _failpoints() -> dict[str, Optional[float]]:
             points[name] = float(secs) if secs else None
         except ValueError:
             raise errors.InvalidArgumentError(f"PIPEXCTL_FAILPOINT: {spec!r}: seconds must be a number") from None
-    unknown = set(points) - set(FAILPOINTS + MOVE_FAILPOINTS)
+    known = FAILPOINTS + MOVE_FAILPOINTS
+    unknown = set(points) - set(known)
     if unknown:
         raise errors.InvalidArgumentError(f"PIPEXCTL_FAILPOINT: unknown {', '.join(sorted(unknown))} "
-                                          f"(known: {', '.join(FAILPOINTS + MOVE_FAILPOINTS)})")
+                                          f"(known: {', '.join(known)})")
     return points
 
 
@@ -427,6 +428,11 @@ class OffloadService(Endings):
                  call.peer, peer_port, note,
                  extra={"journal": {"TUNNEL_ID": ts.tunnel_id, "PEER": call.peer, "EVENT": "tunnel-made"}})
         return ts
+
+    def by_pppd(self) -> dict[int, tuple[TunnelKey, int]]:
+        """The offloaded calls by pppd pid: (tunnel key, call id)."""
+        with self.lock:
+            return {rec.pppd_pid: (key, cid) for key, ts in self.tunnels.items() for cid, rec in ts.records.items()}
 
     def moved_back(self, key: TunnelKey, call_id: int, pppd_pid: int) -> None:
         """pppd ``pppd_pid``'s plugin moved its call back to the pty (the

@@ -459,6 +459,9 @@ class L2tpNetlink:
                     raise NetlinkError(errno.EBADMSG, "malformed netlink answer")
                 if rseq == seq:
                     if typ in (NLMSG_ERROR, NLMSG_DONE):
+                        # the request's last answer, an error too: nothing is
+                        # left to drain (a drain waits a second for silence)
+                        self._unfinished = 0
                         code = ERRNO.unpack_from(data, off + NLMSG_HDR.size)[0] if length >= 20 else 0
                         if code:
                             raise NetlinkError(abs(code))

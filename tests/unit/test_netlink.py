@@ -118,3 +118,20 @@ def test_a_closed_socket_is_one_clear_error():
     nl.close()
     with pytest.raises(errors.KernelError, match="netlink socket"):
         nl._request(n.build_tunnel_get(1), n.NLM_F_REQUEST, "tunnel 1", "get")
+
+
+def test_an_error_answer_ends_its_request(monkeypatch):
+    """The kernel's error is a request's last answer: the next request
+    must not wait out a drain (a second of silence) for more.  A delete's
+    wait for the object to go ends in such an error every time; this was
+    one second per tunnel removed, under the service's lock."""
+    with n.L2tpNetlink("nlctrl") as nl:
+        with pytest.raises(errors.KernelSupportError):
+            nl._resolve("nosuch")  # ENOENT
+        assert not nl._unfinished
+
+        def no_drain() -> None:
+            raise AssertionError("drained after a complete answer")
+
+        monkeypatch.setattr(nl, "_drain", no_drain)
+        assert nl._resolve("nlctrl") == n.GENL_ID_CTRL

@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Optional, Protocol, Union
 
 from pydantic import ValidationError
 
@@ -356,6 +356,7 @@ class Discovery:
         # instance -> what its control pipe listed, and the monotonic time the question went out
         self.listed: dict[str, Listed] = {}
         self.warnings: list[str] = []
+        self.poll_seconds: dict[str, float] = {}  # the last poll's parts, seconds each
         self.tracker.notes = self.warnings  # one list: the tracker's notes are discovery's warnings
 
     # ---- checkpoints (see checkpoint.py)
@@ -684,14 +685,20 @@ class Discovery:
         """One step of following: new log lines, and optionally /proc + kernel (+ control).
 
         ``scanned``: a ``procscan.scan()`` result taken beforehand (a caller
-        that serialises access to this object can scan /proc outside its lock)."""
+        that serialises access to this object can scan /proc outside its lock).
+        ``poll_seconds`` gets the time each part took (for a slow poll's log line)."""
+        t = time.monotonic()
         ev = self._read_logs()
+        self.poll_seconds = {"logs": time.monotonic() - t}
         if reconcile:
+            parts: list[tuple[str, Callable[[], list[Event]]]] = [
+                ("control", self._reconcile_control)] if control else []
+            parts += [("proc", lambda: self._reconcile_proc(scanned)), ("kernel", self._reconcile_kernel)]
             try:
-                if control:
-                    ev += self._reconcile_control()
-                ev += self._reconcile_proc(scanned)
-                ev += self._reconcile_kernel()
+                for name, part in parts:
+                    t = time.monotonic()
+                    ev += part()
+                    self.poll_seconds[name] = time.monotonic() - t
             except OSError as e:  # out of fds: the log's events still go out; the next round checks again
                 self.warnings.append(f"reconcile stopped: {e}")
         return ev

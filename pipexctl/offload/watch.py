@@ -351,7 +351,9 @@ class CallWatch:
             except OSError as e:  # out of fds: no scan this round, and no end read into a failed one
                 log.warning("discovery: cannot scan /proc: %s", e.strerror)
                 full = False
+        t_scanned = time.monotonic()
         with self.lock:
+            t_locked = time.monotonic()
             try:
                 ev = self.discovery.poll(reconcile=full, scanned=scanned)
             except OSError as e:  # out of fds (procscan raises rather than call a process gone)
@@ -365,7 +367,11 @@ class CallWatch:
             self.polled.notify_all()
             took = time.monotonic() - t
         if took > 1.0:
-            log.info("slow discovery poll: %.0f ms (full=%s)", took * 1000, full)
+            # where it went: the /proc scan (no lock), waiting for the lock (a
+            # request's discovery), then each part of the poll
+            parts = {"scan": t_scanned - t, "lock wait": t_locked - t_scanned, **self.discovery.poll_seconds}
+            log.info("slow discovery poll: %.0f ms (full=%s; ms: %s)", took * 1000, full,
+                     ", ".join(f"{k} {v * 1000:.0f}" for k, v in parts.items()))
         if ev:
             self.active = time.monotonic()
             _survive(lambda: handle(ev))

@@ -280,3 +280,16 @@ def test_a_moved_calls_data_path_follows_the_kernel_not_its_pty(tmp_path):
     finally:
         pppd.kill()
         pppd.wait()
+
+
+def test_a_poll_says_what_each_of_its_parts_took(tmp_path):
+    """The watcher's "slow discovery poll" line names the part that was
+    slow (a 12 x 35 run had one poll of 151 s and no way to tell why)."""
+    log = tmp_path / "x.log"
+    log.write_text("")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.poll(reconcile=False)
+    assert set(d.poll_seconds) == {"logs"}
+    d.poll(reconcile=True, control=True)
+    assert set(d.poll_seconds) == {"logs", "control", "proc", "kernel"}
+    assert all(v >= 0 for v in d.poll_seconds.values())

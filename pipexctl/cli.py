@@ -435,7 +435,8 @@ def status(socket_path: str, as_json: bool) -> None:
     A call is "offloaded" (this daemon's kernel channel; "offloaded
     (moved)" when its plugin moved it from the pty while it ran), "xl2tpd
     kernel mode", or "pty"; SINCE is when an offloaded call's data path
-    became the kernel; for a pppd that stayed on its pty, the daemon's reason.
+    became the kernel, or when a call moved back to its pty did so; for a
+    pppd that stayed on its pty, the daemon's reason.
 
     \b
     Example:
@@ -592,17 +593,36 @@ def _age(since: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
+def _served_paths(socket_path: str) -> dict[tuple[Optional[int], int, str], dict[str, Any]]:
+    """Each call's path and since-when as `pipexctl serve` knows them, by
+    (tunnel, call, peer): the daemon names xl2tpd instances after its own
+    --log arguments, which need not be spelt as discover's.  {} when no
+    daemon answers there (discover needs none)."""
+    from .offload.client import ask
+
+    try:
+        st = ask(socket_path, {"op": "status"}, timeout=5)
+    except errors.PipexError:
+        return {}
+    return {(c["tunnel_id"], c["call_id"], c["peer"]): c for c in st.get("calls", [])}
+
+
 @cli.command()
 @discovery_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: tunnels, calls, stats.")
+@click.option("--socket", "socket_path", default=defaults.SERVE_SOCKET, show_default=True,
+              help="Where `pipexctl serve` listens: if it answers, each call's PATH-SINCE comes from it.")
 @click.pass_obj
 def discover(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_proc: bool, no_kernel: bool,
-             identifier: str, as_json: bool) -> None:
+             identifier: str, as_json: bool, socket_path: str) -> None:
     """List every tunnel and call of running xl2tpd instances.
 
     Sources are merged: the logs give ids and history, the control pipe what
     xl2tpd holds now, /proc the pppd PIDs and their data path (pty or
-    PPPoL2TP), the kernel which calls it already carries.
+    PPPoL2TP), the kernel which calls it already carries.  When `pipexctl
+    serve` answers on --socket, PATH-SINCE says since when each call is on
+    its path: the offload, or a live move either way (it is empty for a
+    call whose path has not changed while the daemon ran).
 
     \b
     Example:
@@ -614,14 +634,22 @@ def discover(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], 
         snap = d.snapshot()
     finally:
         d.close()
+    served = _served_paths(socket_path)
+    for c in snap.calls:
+        known = served.get((c.tunnel_id, c.call_id, c.peer))
+        if known is not None and known.get("since"):
+            c.path_changed = known["since"]
     if as_json:
         _emit_json(snap.as_dict())
         return
     rows = [[c.role, c.section or "-", f"{c.peer}:{c.peer_port}" if c.peer_port else c.peer,
              f"{c.tunnel_id if c.tunnel_id is not None else '?'}/{c.peer_tunnel_id if c.peer_tunnel_id is not None else '?'}",
              f"{c.call_id}/{c.peer_call_id if c.peer_call_id is not None else '?'}",
-             c.pppd_pid or "-", c.data_path, _age(c.since)] for c in snap.calls]
-    _table(rows, ["ROLE", "SECTION", "PEER", "TUNNEL(OUR/PEER)", "CALL(OUR/PEER)", "PPPD", "DATA-PATH", "AGE"])
+             c.pppd_pid or "-", c.data_path,
+             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c.path_changed)) if c.path_changed else "",
+             _age(c.since)] for c in snap.calls]
+    _table(rows, ["ROLE", "SECTION", "PEER", "TUNNEL(OUR/PEER)", "CALL(OUR/PEER)", "PPPD", "DATA-PATH",
+                  "PATH-SINCE", "AGE"])
     idle = [t for t in snap.tunnels if not any(c.tunnel_id == t.tunnel_id and c.instance == t.instance for c in snap.calls)]
     for t in idle:
         click.echo(f"tunnel {t.tunnel_id}/{t.peer_tunnel_id} to {t.peer} ({t.role}) has no call")

@@ -56,6 +56,9 @@ class CallInfo:
     pppd_pid: Optional[int] = None
     pppd_argv: Optional[list[str]] = None
     data_path: DataPath = "unknown"
+    # when data_path last changed from one known path to another (epoch s;
+    # a live move or its undo), None while it has not been seen to change
+    path_changed: Optional[float] = None
     since: float = Field(default_factory=time.time)
     sources: list[str] = Field(default_factory=list)
 
@@ -542,6 +545,7 @@ class Tracker:
         c.data_path = path
         if old == "unknown":
             return self._ev(lambda: CallUpdated(call=c.copy(), fields=["data_path"]))
+        c.path_changed = round(time.time(), 3)
         return self._ev(lambda: DataPathChanged(call=c.copy(), old=old, new=path))
 
 

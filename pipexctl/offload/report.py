@@ -25,9 +25,12 @@ def status(svc: "OffloadService") -> dict[str, Any]:
                        "path": ("offloaded" if (c.instance, c.tunnel_id, c.call_id) in owned else
                                 "xl2tpd kernel mode" if c.data_path == "kernel" else
                                 "pty" if c.data_path == "userspace" else "unknown"),
-                       # an offloaded call: moved while it ran (from its pty), and since when (epoch s)
+                       # since when it is on its path (epoch s): an offloaded call since its
+                       # offload (moved: while it ran, from its pty); another since its path
+                       # last changed (moved back), if it did while the daemon watched
                        **({"moved": r.moved, "since": r.since}
-                          if (r := owned.get((c.instance, c.tunnel_id, c.call_id))) else {}),
+                          if (r := owned.get((c.instance, c.tunnel_id, c.call_id))) else
+                          {"since": c.path_changed} if c.path_changed else {}),
                        "why_not": svc.pty_reasons.get(c.pppd_pid) if c.pppd_pid else None}
                       for c in sorted(calls, key=lambda c: (c.instance, c.tunnel_id or 0, c.call_id))],
             "tunnels": [{"tunnel_id": t.tunnel_id, "peer_tunnel_id": t.peer_tunnel_id, "local": t.local,

@@ -312,6 +312,7 @@ def test_the_operator_moves_a_call_back_to_its_pty_and_in_again(make_lab):
     st = lab.serve_status(lab.lns)
     (c,) = st["calls"]
     assert c["path"] == "pty" and st["stats"]["removed"] == 1, st
+    assert switched[0][0] - 1 <= c.get("since", 0) <= time.time() + 1, c  # when its path last changed
     carried = status_lns_bytes(lab)
     time.sleep(3)
     assert status_lns_bytes(lab) > carried  # the ping goes through xl2tpd again
@@ -322,6 +323,10 @@ def test_the_operator_moves_a_call_back_to_its_pty_and_in_again(make_lab):
     switched.append((t0, time.time()))
     assert r.returncode == 0 and "moved into the kernel: call" in r.stdout, r.stdout + r.stderr + lab.tails()
     assert len(ip_l2tp(lab.lns.ns, "session")) == 1
+    # discover says since when, from the daemon
+    r = pipexctl(lab.lns.ns, "discover", "--log", str(lab.lns.dir / "xl2tpd.log"), "--socket", sock, "--json")
+    (dc,) = json.loads(r.stdout)["calls"]
+    assert dc["data_path"] == "kernel" and switched[1][0] - 1 <= (dc["path_changed"] or 0) <= time.time() + 1, dc
     # a call that is not there: one clear error, exit 1
     r = pipexctl(lab.lns.ns, "offload", "move", "--call", "1", "--tunnel-id", "1", "--socket", sock)
     assert r.returncode == 1 and "no such call" in r.stderr, r.stdout + r.stderr

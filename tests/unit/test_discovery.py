@@ -268,11 +268,16 @@ def test_a_moved_calls_data_path_follows_the_kernel_not_its_pty(tmp_path):
             return [e.event for e in ev], c.data_path
 
         assert path_events() == (["CallUpdated"], "userspace")
+        assert d.tracker.calls()[0].path_changed is None  # first seen on its path: not a change
         kernel.tunnel_create(TunnelSpec(tunnel_id=28398, peer_tunnel_id=58717, version=2, fd=0))
         kernel.session_create(SessionSpec(tunnel_id=28398, session_id=19361, peer_session_id=13604, version=2,
                                           pw_type=PwType.ppp))
+        t = time.time()
         assert path_events() == (["DataPathChanged"], "kernel")  # moved in; its pppd still holds the pty
+        moved_in = d.tracker.calls()[0].path_changed
+        assert moved_in is not None and t - 0.001 <= moved_in <= time.time() + 0.001  # when (to the ms): status and discover say it
         assert path_events() == ([], "kernel")  # and stays so: no flip-flop per poll
+        assert d.tracker.calls()[0].path_changed == moved_in
         kernel.session_delete(28398, 19361)
         assert path_events() == (["DataPathChanged"], "userspace")  # moved back
         assert path_events() == ([], "userspace")

@@ -61,6 +61,16 @@ def test_man_page_is_current_and_documents_every_command():
         assert f".SS pipexctl {name}\n" in text
 
 
+def test_man_page_documents_every_plugin_option():
+    import re
+
+    table = (ROOT / "plugins" / "pipexctl.c").read_text()
+    names = re.findall(r'^\s*\{ "(pipexctl_\w+)",', table, re.M)
+    assert len(names) >= 5, names  # the option table was found
+    text = (ROOT / "docs" / "pipexctl.8").read_text()
+    assert [n for n in names if f"\\fB{n}\\fR" not in text] == []
+
+
 def test_man_page_renders_without_groff_warnings():
     import subprocess
 

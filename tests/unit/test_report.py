@@ -33,6 +33,40 @@ def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp
         assert "WHY-NOT" in r.output and "no_call" in r.output
 
 
+def test_status_and_discover_say_since_when_each_call_is_on_its_path(srv, tmp_path):
+    """An offloaded call: since its offload.  A call whose path changed while
+    the daemon watched (moved back to its pty): since that change.  Others:
+    nothing.  `pipexctl discover` takes these from the daemon when it
+    answers on --socket, and shows none without one."""
+    import time
+
+    t = time.time()
+    offload(srv, call(1))
+    tracker = srv.watch.discovery.tracker
+    c3 = tracker.inst("xl2tpd").calls[3]
+    c3.pppd_pid = 5151
+    tracker.observe_data_path("xl2tpd", 3, "userspace")  # kernel -> pty: a move back
+    log = tmp_path / "xl2tpd.log"
+    log.write_text("xl2tpd[100]: Connection established to 192.0.2.7, 1701.  Local: 100, Remote: 200 (ref=0/0).  "
+                   "LNS session is 'default'\nxl2tpd[100]: Call established with 192.0.2.7, PID: 4242, Local: 1, "
+                   "Remote: 1001, Serial: 1\n")
+    with serving(srv):
+        r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path, "--json"])
+        calls = {c["call_id"]: c for c in json.loads(r.output)["calls"]}
+        assert t - 1 <= calls[1]["since"] <= time.time() + 1 and calls[1]["moved"] is False
+        assert t - 1 <= calls[3]["since"] <= time.time() + 1 and "moved" not in calls[3]
+        assert "since" not in calls[2]
+        args = ["discover", "--no-proc", "--no-kernel", "--log", str(log)]
+        r = CliRunner().invoke(cli, [*args, "--socket", srv.socket_path, "--json"])
+        assert r.exit_code == 0, r.output
+        (dc,) = json.loads(r.output)["calls"]
+        assert dc["path_changed"] == calls[1]["since"]
+        r = CliRunner().invoke(cli, [*args, "--socket", srv.socket_path])
+        assert "PATH-SINCE" in r.output and time.strftime("%Y-%m-%d", time.localtime(t)) in r.output
+    r = CliRunner().invoke(cli, [*args, "--socket", str(tmp_path / "none.sock"), "--json"])  # no daemon: no error
+    assert r.exit_code == 0 and json.loads(r.output)["calls"][0]["path_changed"] is None, r.output
+
+
 def test_metrics_counts_what_the_daemon_owns_and_why_it_refused(srv):
     for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
         offload(srv, c)

@@ -64,11 +64,23 @@ def _split_stat(stat: str) -> tuple[str, list[str]]:
     return stat[stat.find("(") + 1: stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
 
 
-def read_process(pid: int, with_fds: bool) -> Optional[Proc]:
-    base = f"/proc/{pid}"
+def _read_stat(pid: int) -> Optional[str]:
     try:
-        with open(f"{base}/stat") as f:
-            stat = f.read()
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read()
+    except OSError as e:
+        _gone(e)
+        return None
+
+
+def read_process(pid: int, with_fds: bool, stat: Optional[str] = None) -> Optional[Proc]:
+    """``pid``'s /proc entry (``stat``: its stat line, read already), or
+    None when it is gone."""
+    base = f"/proc/{pid}"
+    stat = stat if stat is not None else _read_stat(pid)
+    if stat is None:
+        return None
+    try:
         with open(f"{base}/cmdline", "rb") as f:
             argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
     except OSError as e:
@@ -99,15 +111,19 @@ def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        p = read_process(int(name), with_fds=False)
+        # any other process costs one read of its stat line: a cmdline read
+        # takes the target's mm lock, which processes starting by the hundred
+        # (a login storm) hold for long
+        stat = _read_stat(int(name))
+        if stat is None:
+            continue
+        comm = _split_stat(stat)[0]
+        if comm not in ("xl2tpd", "pppd"):
+            continue
+        p = read_process(int(name), with_fds=comm == "pppd", stat=stat)
         if p is None:
             continue
-        if p.comm == "xl2tpd":
-            daemons.append(p)
-        elif p.comm == "pppd":
-            full = read_process(p.pid, with_fds=True)
-            if full:
-                pppds.append(full)
+        (daemons if comm == "xl2tpd" else pppds).append(p)
     # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon
     named = {d.pid for d in daemons}
     daemons = [d for d in daemons if d.ppid not in named]

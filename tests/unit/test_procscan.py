@@ -34,3 +34,30 @@ def test_a_forked_child_of_xl2tpd_still_named_xl2tpd_is_no_daemon():
             os.kill(kid, 9)
         except (ProcessLookupError, NameError):
             pass
+
+
+def test_the_scan_reads_only_the_stat_line_of_other_processes(monkeypatch):
+    """A cmdline or fd read costs the target's locks (slow while processes
+    start by the hundred): only xl2tpd's and pppd's are read."""
+    import builtins
+    import subprocess
+
+    from pipexctl.discovery import procscan
+
+    other = subprocess.Popen(["sleep", "60"])
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def spy(path, *a, **kw):
+        opened.append(str(path))
+        return real_open(path, *a, **kw)
+
+    try:
+        monkeypatch.setattr(builtins, "open", spy)
+        procscan.scan()
+        monkeypatch.undo()
+        assert f"/proc/{other.pid}/stat" in opened
+        assert [p for p in opened if p.startswith(f"/proc/{other.pid}/") and not p.endswith("/stat")] == []
+    finally:
+        other.kill()
+        other.wait()

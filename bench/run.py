@@ -230,6 +230,26 @@ def dp_extra(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def service_table(ss: dict) -> str:
+    """bench/servicestorm.py's rows: the offload service alone (real kernel, no xl2tpd or pppd)."""
+    rows = ss.get("rounds") or []
+    if not rows:
+        return ""
+    out = ["", "The offload service alone (`bench/servicestorm.py`): K offload requests at once, each call in a "
+           "tunnel of its own, real kernel, no xl2tpd or pppd; then K one after another; then every tunnel "
+           "dropped (as when xl2tpd drops them):", "",
+           "| K | mode | all done, s | request p50 / p99 ms | of it: lock wait p50, build p50, state file p50 ms "
+           "| K tunnels dropped, s |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if not r.get("n"):
+            out.append(f"| {r['k']} | {r['mode']} | failed: {r.get('errors')} | | | |")
+            continue
+        out.append(f"| {r['k']} | {r['mode']} | {r['wall_s']:.2f} | {r['p50_ms']:.0f} / {r['p99_ms']:.0f} "
+                   f"| {r.get('lock_p50_ms', 0):.0f}, {r.get('build_p50_ms', 0):.0f}, {r.get('state_p50_ms', 0):.0f} "
+                   f"| {r['drop_all_s']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
 def plot(res: dict, cp: dict, path: Path) -> bool:
     try:
         import matplotlib
@@ -291,6 +311,7 @@ def main() -> int:
         cmd = (f"{py} bench/dataplane.py --runs {a.runs} --seconds {a.seconds}; "
                f"{py} bench/controlplane.py; "
                f"{py} bench/startup.py; "
+               f"{py} bench/servicestorm.py --k {a.storm}; "
                f"{py} bench/loginstorm.py --k {a.storm}"
                + (f"; {py} bench/loginstorm.py --k {a.scrape_k} --cases d,s,s,d "
                   f"--out \"$PIPEXCTL_RESULTS/loginstorm-scrape.json\"" if a.scrape_k else ""))
@@ -311,6 +332,8 @@ def main() -> int:
     scf = r.results_dir / "loginstorm-scrape.json"
     if scf.exists():
         res["loginstorm"].setdefault("rows", []).extend(json.loads(scf.read_text())["rows"])
+    ssf = r.results_dir / "servicestorm.json"
+    res["servicestorm"] = json.loads(ssf.read_text()) if ssf.exists() else {}
     suf = r.results_dir / "startup.json"
     res["startup"] = json.loads(suf.read_text()) if suf.exists() else {}
     res["guest_seconds"] = r.total_seconds
@@ -324,6 +347,7 @@ def main() -> int:
         res["bookkeeping"] = json.loads(bkf.read_text())
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
     md = (table(res) + dp_extra(res) + scale_table(res) + cp_table(cp) + storm_table(res["loginstorm"])
+          + service_table(res["servicestorm"])
           + startup_table(res["startup"]) + bookkeeping_table(res.get("bookkeeping", {})))
     png = out / f"{stamp}.png"
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"

@@ -163,6 +163,7 @@ def main() -> int:
         rec["rounds"].append(row)
         print(json.dumps({x: y for x, y in row.items() if x != "profile"}), flush=True)
     dp.close()
+    subprocess.run(["ip", "link", "del", DEV], check=False)
     Path(a.out).write_text(json.dumps(rec, indent=1))
     return 0
 

@@ -576,6 +576,17 @@ class Discovery:
                     ev += self.tracker.call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
         return ev
 
+    def fds_wanted(self) -> Callable[[procscan.Proc], bool]:
+        """Which pppds' fds a /proc scan must read (``procscan.scan``): the
+        children of the xl2tpd instances followed here (every xl2tpd's while
+        none is known yet), but not a pppd whose call the kernel dump
+        places already (what its fds say is not used then).  At 10,000
+        offloaded calls that is most of a full scan's reads."""
+        parents = {i.daemon_pid for s in self.sources for i in self._instances_of(s) if i.daemon_pid is not None}
+        held = {c.pppd_pid for c in self.tracker.calls() if c.pppd_pid and c.data_path == "kernel"} \
+            if self.kernel else set()
+        return lambda p: (not parents or p.ppid in parents) and p.pid not in held
+
     def _reconcile_proc(self, scanned: Optional[Scanned] = None) -> list[Event]:
         if not self.proc:
             return []

@@ -6,7 +6,7 @@ import errno
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import defaults
 
@@ -89,23 +89,30 @@ def read_process(pid: int, with_fds: bool, stat: Optional[str] = None) -> Option
     comm, rest = _split_stat(stat)
     p = Proc(pid, int(rest[1]), comm, argv, int(rest[19]))
     if with_fds:
-        try:
-            for fd in os.listdir(f"{base}/fd"):
-                try:
-                    target = os.readlink(f"{base}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith(("/dev/pts/", "/dev/tty", "/dev/ptmx")):
-                    p.ttys.append(target)
-                elif target.startswith("socket:"):
-                    p.sockets += 1
-        except OSError as e:
-            _gone(e)
+        _read_fds(p)
     return p
 
 
-def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
-    """(xl2tpd daemons, pppd children by xl2tpd pid)."""
+def _read_fds(p: Proc) -> None:
+    base = f"/proc/{p.pid}/fd"
+    try:
+        for fd in os.listdir(base):
+            try:
+                target = os.readlink(f"{base}/{fd}")
+            except OSError:
+                continue
+            if target.startswith(("/dev/pts/", "/dev/tty", "/dev/ptmx")):
+                p.ttys.append(target)
+            elif target.startswith("socket:"):
+                p.sockets += 1
+    except OSError as e:
+        _gone(e)
+
+
+def scan(fds_of: Optional[Callable[[Proc], bool]] = None) -> tuple[list[Proc], dict[int, list[Proc]]]:
+    """(xl2tpd daemons, pppd children by xl2tpd pid).  A pppd's fds (its
+    pty, its sockets: a read per fd) are read when ``fds_of(pppd)`` says so
+    (default: every xl2tpd's child)."""
     daemons: list[Proc] = []
     pppds: list[Proc] = []
     for name in os.listdir("/proc"):
@@ -120,7 +127,7 @@ def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
         comm = _split_stat(stat)[0]
         if comm not in ("xl2tpd", "pppd"):
             continue
-        p = read_process(int(name), with_fds=comm == "pppd", stat=stat)
+        p = read_process(int(name), with_fds=False, stat=stat)
         if p is None:
             continue
         (daemons if comm == "xl2tpd" else pppds).append(p)
@@ -130,6 +137,8 @@ def scan() -> tuple[list[Proc], dict[int, list[Proc]]]:
     children: dict[int, list[Proc]] = {d.pid: [] for d in daemons}
     for p in pppds:
         if p.ppid in children:
+            if fds_of is None or fds_of(p):
+                _read_fds(p)
             children[p.ppid].append(p)
     return daemons, children
 

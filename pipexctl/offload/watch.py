@@ -346,8 +346,10 @@ class CallWatch:
         t = time.monotonic()
         scanned = None
         if full and self.discovery.proc:
+            with self.lock:
+                wanted = self.discovery.fds_wanted()
             try:
-                scanned = procscan.scan()  # outside the lock: slow under TCG
+                scanned = procscan.scan(wanted)  # outside the lock: slow under TCG
             except OSError as e:  # out of fds: no scan this round, and no end read into a failed one
                 log.warning("discovery: cannot scan /proc: %s", e.strerror)
                 full = False

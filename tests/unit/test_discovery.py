@@ -298,3 +298,26 @@ def test_a_poll_says_what_each_of_its_parts_took(tmp_path):
     d.poll(reconcile=True, control=True)
     assert set(d.poll_seconds) == {"logs", "control", "proc", "kernel"}
     assert all(v >= 0 for v in d.poll_seconds.values())
+
+
+def test_a_full_scan_reads_the_fds_only_of_pppds_whose_path_is_open(tmp_path):
+    """The kernel dump places an offloaded call: its pppd's fds are not read
+    again each scan; nor are the fds of another xl2tpd's children."""
+    from pipexctl.discovery import procscan
+    from pipexctl.discovery.state import CallInfo
+
+    d = Discovery([str(tmp_path / "x.log")], proc=True, kernel=True)
+    anyone = procscan.Proc(pid=12, ppid=6, comm="pppd", argv=["pppd"], start=0)
+    assert d.fds_wanted()(anyone)  # no xl2tpd known yet: every child's
+    ins = d.tracker.inst(d.sources[0].name)
+    ins.daemon_pid = 5
+    for cid, pid, path in ((1, 10, "kernel"), (2, 11, "userspace")):
+        ins.calls[cid] = CallInfo(instance=ins.name, role="lns", peer="192.0.2.7", call_id=cid, pppd_pid=pid,
+                                  data_path=path)
+    want = d.fds_wanted()
+    assert [want(procscan.Proc(pid=pid, ppid=5, comm="pppd", argv=["pppd"], start=0)) for pid in (10, 11, 13)] \
+        == [False, True, True]
+    assert not want(anyone)  # another xl2tpd's child
+    d.kernel = False  # without the kernel's word, /proc's decides: read
+    assert d.fds_wanted()(procscan.Proc(pid=10, ppid=5, comm="pppd", argv=["pppd"], start=0))
+    d.close()

@@ -61,3 +61,35 @@ def test_the_scan_reads_only_the_stat_line_of_other_processes(monkeypatch):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_pppds_fds_are_read_only_when_asked():
+    """Its fds (a read per fd) tell a pty from a kernel channel: read for the
+    pppds discovery needs them of, not for the others (scan(fds_of))."""
+    import subprocess
+    import sys
+
+    from pipexctl.discovery import procscan
+
+    code = ("import ctypes, os, time\n"
+            "ctypes.CDLL(None).prctl(15, b'xl2tpd', 0, 0, 0)\n"
+            "kid = os.fork()\n"
+            "if kid == 0:\n"
+            "    ctypes.CDLL(None).prctl(15, b'pppd', 0, 0, 0)\n"
+            "    m, s = os.openpty()\n"
+            "    print(os.getpid(), flush=True)\n"
+            "    time.sleep(60)\n    os._exit(0)\n"
+            "time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        kid = int(p.stdout.readline())
+        _, children = procscan.scan()
+        (pppd,) = children[p.pid]
+        assert pppd.pid == kid and pppd.ttys and pppd.data_path == "userspace"
+        asked: list[int] = []
+        _, children = procscan.scan(lambda q: asked.append(q.pid) is not None)  # says no to each
+        (pppd,) = children[p.pid]
+        assert kid in asked and pppd.ttys == [] and pppd.data_path == "unknown"
+    finally:
+        p.kill()
+        p.wait()

@@ -368,10 +368,11 @@ class CallWatch:
             del self.discovery.warnings[:]
             self.polled.notify_all()
             took = time.monotonic() - t
+            parts = dict(self.discovery.poll_seconds)  # a request's own poll overwrites them once the lock is free
         if took > 1.0:
             # where it went: the /proc scan (no lock), waiting for the lock (a
             # request's discovery), then each part of the poll
-            parts = {"scan": t_scanned - t, "lock wait": t_locked - t_scanned, **self.discovery.poll_seconds}
+            parts = {"scan": t_scanned - t, "lock wait": t_locked - t_scanned, **parts}
             log.info("slow discovery poll: %.0f ms (full=%s; ms: %s)", took * 1000, full,
                      ", ".join(f"{k} {v * 1000:.0f}" for k, v in parts.items()))
         if ev:

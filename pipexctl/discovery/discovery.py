@@ -580,8 +580,8 @@ class Discovery:
         """Which pppds' fds a /proc scan must read (``procscan.scan``): the
         children of the xl2tpd instances followed here (every xl2tpd's while
         none is known yet), but not a pppd whose call the kernel dump
-        places already (what its fds say is not used then).  At 10,000
-        offloaded calls that is most of a full scan's reads."""
+        places already (what its fds say is not used then).  With many
+        calls offloaded, that is most of a full scan's reads."""
         parents = {i.daemon_pid for s in self.sources for i in self._instances_of(s) if i.daemon_pid is not None}
         held = {c.pppd_pid for c in self.tracker.calls() if c.pppd_pid and c.data_path == "kernel"} \
             if self.kernel else set()

@@ -118,9 +118,8 @@ def scan(fds_of: Optional[Callable[[Proc], bool]] = None) -> tuple[list[Proc], d
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        # any other process costs one read of its stat line: a cmdline read
-        # takes the target's mm lock, which processes starting by the hundred
-        # (a login storm) hold for long
+        # any other process costs one read, its stat line: its cmdline is not
+        # needed (and reading it takes the target's mm lock)
         stat = _read_stat(int(name))
         if stat is None:
             continue

@@ -87,7 +87,12 @@ def test_a_pppds_fds_are_read_only_when_asked():
         (pppd,) = children[p.pid]
         assert pppd.pid == kid and pppd.ttys and pppd.data_path == "userspace"
         asked: list[int] = []
-        _, children = procscan.scan(lambda q: asked.append(q.pid) is not None)  # says no to each
+
+        def never(q: procscan.Proc) -> bool:
+            asked.append(q.pid)
+            return False
+
+        _, children = procscan.scan(never)
         (pppd,) = children[p.pid]
         assert kid in asked and pppd.ttys == [] and pppd.data_path == "unknown"
     finally:

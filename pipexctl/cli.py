@@ -858,8 +858,11 @@ def _offload_apply(xl2tpd_conf: str, options_files: tuple[str, ...], want: Optio
               help="The daemon's socket (pipexctl_socket).")
 @click.option("--required", is_flag=True, help="pppd fails instead of staying on its pty (pipexctl_required).")
 @click.option("--timeout", type=click.IntRange(1, 60), help="Seconds pppd waits for the daemon (pipexctl_timeout).")
+@click.option("--move", type=click.IntRange(0, 3600), metavar="SECS",
+              help="A call left on its pty asks to move into the kernel every SECS seconds; 0: never "
+                   "(pipexctl_move; the plugin's default is 1).")
 def offload_enable(xl2tpd_conf: str, options_files: tuple[str, ...], dry_run: bool, as_json: bool, socket_path: str,
-                   required: bool, timeout: Optional[int]) -> None:
+                   required: bool, timeout: Optional[int], move: Optional[int]) -> None:
     """Add (or update) the plugin block.
 
     \b
@@ -869,7 +872,7 @@ def offload_enable(xl2tpd_conf: str, options_files: tuple[str, ...], dry_run: bo
     from .offload import pppopts
 
     try:
-        want = pppopts.block(socket=socket_path, required=required, timeout=timeout)
+        want = pppopts.block(socket=socket_path, required=required, timeout=timeout, move=move)
     except ValueError as e:
         raise errors.InvalidArgumentError(str(e)) from None
     _offload_apply(xl2tpd_conf, options_files, want, dry_run, as_json)

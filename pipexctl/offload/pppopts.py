@@ -23,16 +23,20 @@ _BLOCK = re.compile(r"^# BEGIN pipexctl.*?\n.*?^# END pipexctl[^\n]*\n?", re.M |
 
 
 def block(plugin: str = "pipexctl.so", socket: str = defaults.SERVE_SOCKET, required: bool = False,
-          timeout: Optional[int] = None) -> str:
+          timeout: Optional[int] = None, move: Optional[int] = None) -> str:
     """The lines that load the plugin (option names: plugins/pipexctl.c)."""
     for what, v in (("plugin", plugin), ("socket", socket)):
         if not v or any(c in v for c in " \t\n#\"'"):
             raise ValueError(f"bad {what} path {v!r}: no spaces, quotes or '#'")
     if timeout is not None and not 1 <= timeout <= 60:  # the plugin's own bound (OPT_LIMITS)
         raise ValueError(f"timeout {timeout} out of range 1..60 seconds")
+    if move is not None and not 0 <= move <= 3600:
+        raise ValueError(f"move {move} out of range 0..3600 seconds")
     lines = [BEGIN, f"plugin {plugin}", f"pipexctl_socket {socket}"]
     if timeout is not None:
         lines.append(f"pipexctl_timeout {timeout}")
+    if move is not None:
+        lines.append(f"pipexctl_move {move}")
     if required:
         lines.append("pipexctl_required")
     return "\n".join(lines + [END]) + "\n"

@@ -30,10 +30,10 @@ def test_block_added_replaced_removed_and_nothing_else_touched():
     once = pppopts.apply(text, b1)
     assert once.startswith(text + "\n") and once.endswith(b1)
     assert pppopts.apply(once, b1) == once  # idempotent
-    b2 = pppopts.block(socket="/run/b.sock", required=True, timeout=9)
+    b2 = pppopts.block(socket="/run/b.sock", required=True, timeout=9, move=0)
     twice = pppopts.apply(once, b2)
     assert pppopts.current(twice) == b2 and twice.count("# BEGIN pipexctl") == 1
-    assert "pipexctl_required\n" in twice and "pipexctl_timeout 9\n" in twice
+    assert "pipexctl_required\n" in twice and "pipexctl_timeout 9\n" in twice and "pipexctl_move 0\n" in twice
     assert pppopts.apply(twice, None) == text + "\n"
 
 
@@ -43,7 +43,8 @@ def test_refuses_a_file_that_loads_a_plugin_outside_the_block(line):
         pppopts.apply(f"noauth\n{line}\n", pppopts.block())
 
 
-@pytest.mark.parametrize("kw", [{"socket": "/run/x y"}, {"plugin": "a#b"}, {"timeout": 0}, {"timeout": 61}, {"socket": ""}])
+@pytest.mark.parametrize("kw", [{"socket": "/run/x y"}, {"plugin": "a#b"}, {"timeout": 0}, {"timeout": 61}, {"socket": ""},
+                                {"move": -1}, {"move": 3601}])
 def test_bad_block_values(kw):
     with pytest.raises(ValueError):
         pppopts.block(**kw)

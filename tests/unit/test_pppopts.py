@@ -47,3 +47,7 @@ def test_offload_enable_and_disable_edit_only_their_block(tmp_path):
     assert opts.read_text() == "noauth\nmtu 1400\n"  # all or nothing: the good file untouched too
     r = CliRunner().invoke(cli, ["offload", "enable", "--options", str(opts), "--timeout", "61"])
     assert r.exit_code == 2
+    r = CliRunner().invoke(cli, ["offload", "enable", "--options", str(opts), "--move", "3601"])
+    assert r.exit_code == 2 and opts.read_text() == "noauth\nmtu 1400\n"
+    r = CliRunner().invoke(cli, ["offload", "enable", "--options", str(opts), "--move", "0"])
+    assert r.exit_code == 0 and "pipexctl_move 0\n" in opts.read_text()  # no live move for these calls

@@ -42,6 +42,11 @@ options:
   timeout:
     type: int
     description: Seconds pppd waits for the daemon, 1 to 60 (C(pipexctl_timeout); the plugin's default is 5).
+  move:
+    type: int
+    description:
+      - A call left on its pty asks to be moved into the kernel every this many seconds, 0 to 3600; 0 never
+        (C(pipexctl_move); the plugin's default is 1).
   state:
     type: str
     default: present
@@ -83,6 +88,7 @@ def main():
             socket=dict(type="str", default="/run/pipexctl/serve.sock"),
             required=dict(type="bool", default=False),
             timeout=dict(type="int"),
+            move=dict(type="int"),
             state=dict(type="str", default="present", choices=["present", "absent"]),
         ),
         supports_check_mode=True,
@@ -97,7 +103,7 @@ def main():
     try:
         # the same library functions as `pipexctl offload enable|disable`
         files = p["options_files"] or pppopts.files_of(p["xl2tpd_conf"])
-        want = pppopts.block(p["plugin"], p["socket"], p["required"], p["timeout"]) if p["state"] == "present" else None
+        want = pppopts.block(p["plugin"], p["socket"], p["required"], p["timeout"], p["move"]) if p["state"] == "present" else None
         changes = pppopts.manage(files, want, write=not module.check_mode)
     except (ValueError, errors.PipexError) as e:
         module.fail_json(msg=str(e))

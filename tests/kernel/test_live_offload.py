@@ -338,3 +338,44 @@ def test_the_operator_moves_a_call_back_to_its_pty_and_in_again(make_lab):
     assert negotiations(log.read_text()) == before  # no renegotiation either way
     lab.disconnect(l1)
     wait_until(lambda: ip_l2tp(lab.lns.ns, "tunnel") == [], "the tunnel closed", timeout=60, detail=lab.tails)
+
+
+@pytest.mark.one_debian("the restart's adoption is test_watch_restart's; this is the moved call's link")
+def test_a_moved_call_survives_a_daemon_restart_and_its_link_comes_back(make_lab):
+    """SIGTERM of the daemon while a call is moved: the kernel keeps the
+    call (the next start adopts it), the plugin's control link reconnects
+    to the new daemon, and over it the operator moves the call back to its
+    pty and in again."""
+    lab = make_lab(1, lac_extra_pppd="")
+    l1 = lab.lacs[0]
+    lab.start_all(plugin_options(required=False))
+    lab.connect(l1)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
+    log = lab.lns.dir / "pppd.log"
+    sock = lab.serve_socket(lab.lns)
+    srv = lab.serve(lab.lns)
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and "call moved from the pty" in log.read_text(),
+               "the call moved in", timeout=60, detail=lab.tails)
+    srv.send_signal(signal.SIGTERM)
+    srv.wait(60)
+    assert len(ip_l2tp(lab.lns.ns, "session")) == 1  # the kernel keeps the moved call
+    lab.serve(lab.lns)
+    st = lab.serve_status(lab.lns)
+    (c,) = st["calls"]
+    assert c["path"] == "offloaded" and st["stats"]["adopted"] == 1, st
+
+    def undone() -> bool:  # the link is back once the undo reaches the plugin
+        r = pipexctl(lab.lns.ns, "offload", "move", "--all", "--undo", "--socket", sock)
+        return r.returncode == 0 and "moved to the pty: call" in r.stdout
+
+    wait_until(undone, "the undo over the reconnected link", timeout=60, detail=lab.tails)
+    assert ip_l2tp(lab.lns.ns, "session") == []
+    r = subprocess.run(["ip", "netns", "exec", l1.ns, "ping", "-c", "5", "-i", "0.2", "-W", "3", LNS_ADDR],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-600:]
+    r = pipexctl(lab.lns.ns, "offload", "move", "--call", str(c["call_id"]), "--socket", sock)
+    assert r.returncode == 0 and "moved into the kernel: call" in r.stdout, r.stdout + r.stderr + lab.tails()
+    assert len(ip_l2tp(lab.lns.ns, "session")) == 1
+    r = subprocess.run(["ip", "netns", "exec", l1.ns, "ping", "-c", "5", "-i", "0.2", "-W", "3", LNS_ADDR],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-600:]

@@ -534,11 +534,12 @@ class L2tpNetlink:
 
     # sessions
     def session_create(self, spec: SessionSpec) -> None:
-        if spec.version == 3:
+        if spec.version == 3 or spec.ifname:
             # Linux 6.11+ files a second L2TPv3 session with an id the tunnel
             # already has on the namespace's collision list and answers success
             # (6.12.117: the new one takes the id over); 6.1 refuses it with
-            # EEXIST.  Refused here on every kernel, as before.
+            # EEXIST.  Refused here on every kernel, as before.  With an
+            # ifname, EEXIST below then means the interface name.
             try:
                 self.session_get(spec.tunnel_id, spec.session_id)
             except errors.NotFoundError:
@@ -548,14 +549,13 @@ class L2tpNetlink:
         try:
             self._request(build_session_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
         except errors.AlreadyExistsError:
-            # EEXIST also means "interface name taken" for eth pseudowires
+            # the session was not there just before: the name is taken.  (Asking
+            # again after the refusal does not tell: 6.12 still lists the
+            # half-made session for a moment, until its deferred teardown.)
             if spec.ifname:
-                try:
-                    self.session_get(spec.tunnel_id, spec.session_id)
-                except errors.NotFoundError:
-                    raise errors.ConflictError(
-                        f"cannot create {spec.describe()}: interface {spec.ifname} already exists", errno=errno.EEXIST
-                    ) from None
+                raise errors.ConflictError(
+                    f"cannot create {spec.describe()}: interface {spec.ifname} already exists", errno=errno.EEXIST
+                ) from None
             raise
 
     def session_delete(self, tunnel_id: int, session_id: int) -> None:

@@ -68,10 +68,11 @@ class Transaction:
         self.backend.session_create(spec)
         self._undo.append(lambda: self.backend.session_delete(spec.tunnel_id, spec.session_id))
 
-    def connect_ppp(self, tunnel: Tunnel, session: Session) -> PPPChannel:
-        """A PPPoL2TP socket on the session; the caller closes it once handed
-        off (closing twice is harmless)."""
-        ch = self.backend.ppp_connect(tunnel, session)
+    def connect_ppp(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
+        """A PPPoL2TP socket on the session (``unit``: its channel put under
+        that ppp unit too); the caller closes it once handed off (closing
+        twice is harmless)."""
+        ch = self.backend.ppp_connect(tunnel, session, unit)
         self._undo.append(ch.close)
         return ch
 

@@ -15,9 +15,11 @@
  * left on the pty is moved into the kernel later, while it runs (a "live
  * move"): once LCP is up, a timer asks the daemon again every
  * `pipexctl_move` seconds (longer after a refusal); when the daemon gives a
- * channel, the plugin swaps the ppp unit's channel from the pty to the
- * PPPoL2TP socket at one instant (PPPIOCDISCONN / PPPIOCCONNECT), so LCP,
- * IPCP and the unit (pppN, its addresses) stay as they are.
+ * channel, already under the ppp unit beside the pty's (the daemon put it
+ * there as the session was made, so the peer's frames reach pppN from
+ * then on), the plugin detaches the pty's channel (PPPIOCDISCONN) and pppd
+ * sends down the kernel's: LCP, IPCP and the unit (pppN, its addresses)
+ * stay as they are.
  *
  * Options (one table, below):
  *   pipexctl_socket PATH   the daemon's socket (default /run/pipexctl/serve.sock)
@@ -269,11 +271,12 @@ static int px_connect_timeout(int s, const struct sockaddr_un *sa)
 #define PX_FINAL	-3	/* the daemon said no for good ("retry": false) */
 
 /* Ask the daemon for a channel: op "channel" at pppd's start (with the pty
- * as SCM_RIGHTS) or "move" for a call running on its pty.  On success the
+ * as SCM_RIGHTS) or "move" for a call running on its pty (``unit``: its
+ * ppp unit, for the daemon to put the channel under; -1: none).  On success the
  * connection stays open in *conn, not yet acknowledged, with the PPPoL2TP
  * socket in *fd (checked: bound to the session the reply names) and the
  * tunnel's socket copy in *tfd; rep holds the reply line. */
-static int px_ask(const char *op, int with_pty, int *conn, int *fd, int *tfd, char *rep, size_t replen,
+static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, int *tfd, char *rep, size_t replen,
 		  char *why, size_t whylen)
 {
 	struct sockaddr_un sa;
@@ -304,8 +307,13 @@ static int px_ask(const char *op, int with_pty, int *conn, int *fd, int *tfd, ch
 		return PX_UNREACHED;
 	}
 	/* the daemon identifies us by SO_PEERCRED; the pid here is informational.
-	 * v 3: a move waits for the daemon's commit after its ack */
-	snprintf(req, sizeof(req), "{\"op\": \"%s\", \"v\": %d, \"pid\": %d}\n", op, with_pty ? 2 : 3, (int)getpid());
+	 * v 3: a move waits for the daemon's commit after its ack; v 4: it names its unit */
+	if (unit >= 0)
+		snprintf(req, sizeof(req), "{\"op\": \"%s\", \"v\": 4, \"pid\": %d, \"unit\": %d}\n", op,
+			 (int)getpid(), unit);
+	else
+		snprintf(req, sizeof(req), "{\"op\": \"%s\", \"v\": %d, \"pid\": %d}\n", op, with_pty ? 2 : 4,
+			 (int)getpid());
 	if (px_send(s, req, with_pty && isatty(0) ? 0 : -1) != (ssize_t)strlen(req)) {
 		snprintf(why, whylen, "write to %s: %s", px_socket, strerror(errno));
 		close(s);
@@ -380,7 +388,7 @@ static int px_request(char *why, size_t whylen)
 	char rep[1024];
 	int s, fd, tfd;
 
-	if (px_ask("channel", 1, &s, &fd, &tfd, rep, sizeof(rep), why, whylen) < 0)
+	if (px_ask("channel", 1, -1, &s, &fd, &tfd, rep, sizeof(rep), why, whylen) < 0)
 		return -1;
 	if (px_ack(s, why, whylen) < 0) {
 		close(s);
@@ -439,12 +447,30 @@ static int px_ppp_fds(int skip, int *chan, int *unit, char *seen, size_t seenlen
 	return nchan == 1 && nunit == 1 ? 0 : -1;
 }
 
+/* The unit may hold a frame for the channel just detached, its queue
+ * stopped until that channel calls it back, which it never will now (a pty
+ * kept busy by a transfer): pppN would send nothing more until pppd wrote
+ * to the unit.  A frame written on the new channel makes the unit send
+ * again: an LCP Discard-Request, which the peer drops (RFC 1661, 5.8). */
+static void px_kick(int chan, int unit)
+{
+	u_int32_t m = lcp_gotoptions[0].neg_magicnumber ? lcp_gotoptions[0].magicnumber : 0;
+	unsigned char f[10] = { 0xc0, 0x21, 11, 0, 0, 8, m >> 24, m >> 16, m >> 8, m };
+
+	if (write(chan, f, sizeof(f)) != (ssize_t)sizeof(f))
+		warn("pipexctl: cannot write the Discard-Request that restarts ppp%d's sending: %m", unit);
+}
+
 /* Put the channel of ``to`` (a /dev/ppp channel file) under pppd's unit in
  * place of the one on pppd's channel fd, in one step as pppd's main loop
  * sees it: ``to`` takes that fd's number, which pppd reads control frames
- * from and writes them to.  Returns the old channel's file (detached,
- * close-on-exec), or -1 and why with nothing changed. */
-static int px_switch(int to, char *why, size_t whylen)
+ * from and writes them to.  ``joined``: ``to``'s channel is under the unit
+ * already (the daemon put it there).  The new channel is connected before
+ * the old one is detached: the unit sends down its first channel, so the
+ * old one carries until then, and a failure leaves the old one in place.
+ * Returns the old channel's file (detached, close-on-exec), or -1 and why
+ * with pppd's channel unchanged. */
+static int px_switch(int to, int joined, char *why, size_t whylen)
 {
 	int chan, unit, old, n = 0;
 	char buf[2048], seen[160];
@@ -453,19 +479,18 @@ static int px_switch(int to, char *why, size_t whylen)
 		snprintf(why, whylen, "cannot tell pppd's channel and unit among its /dev/ppp fds:%s", seen);
 		return -1;
 	}
+	if (!joined && ioctl(to, PPPIOCCONNECT, &unit) < 0) {
+		snprintf(why, whylen, "cannot connect the channel to ppp%d: %s", unit, strerror(errno));
+		return -1;
+	}
 	if (ioctl(chan, PPPIOCDISCONN) < 0) {
 		snprintf(why, whylen, "PPPIOCDISCONN on pppd's channel: %s", strerror(errno));
+		ioctl(to, PPPIOCDISCONN);
 		return -1;
 	}
-	if (ioctl(to, PPPIOCCONNECT, &unit) < 0) {
-		snprintf(why, whylen, "cannot connect the channel to ppp%d: %s", unit, strerror(errno));
-		if (ioctl(chan, PPPIOCCONNECT, &unit) < 0)
-			fatal("pipexctl: pppd's channel cannot be put back on ppp%d: %m", unit);
-		return -1;
-	}
-	/* what reached the channel while it had no unit waits on it; pppd
-	 * would answer its data frames with LCP Protocol-Rejects (which close
-	 * the peer's IPCP): drop them, a packet or two */
+	/* what reached the channel before it was under the unit waits on it
+	 * (and control frames since); pppd would answer data frames with LCP
+	 * Protocol-Rejects (which close the peer's IPCP): drop them */
 	while (read(to, buf, sizeof(buf)) > 0)
 		n++;
 	old = fcntl(chan, F_DUPFD_CLOEXEC, 3);
@@ -473,14 +498,16 @@ static int px_switch(int to, char *why, size_t whylen)
 		fatal("pipexctl: cannot put the new channel on fd %d: %m", chan);
 	fcntl(chan, F_SETFD, FD_CLOEXEC);
 	close(to);
+	px_kick(chan, unit);
 	if (n)
 		dbglog("pipexctl: %d frame(s) that came before the switch dropped", n);
 	return old;
 }
 
-/* pty -> kernel: the PPPoL2TP socket's channel under the unit; the pty's
- * channel is kept, detached, for a move back. */
-static int px_swap(int sock, char *why, size_t whylen)
+/* pty -> kernel: the PPPoL2TP socket's channel under the unit (``joined``:
+ * the daemon put it there); the pty's channel is kept, detached, for a
+ * move back. */
+static int px_swap(int sock, int joined, char *why, size_t whylen)
 {
 	int idx, nfd, old;
 
@@ -495,7 +522,7 @@ static int px_swap(int sock, char *why, size_t whylen)
 			close(nfd);
 		return -1;
 	}
-	old = px_switch(nfd, why, whylen);
+	old = px_switch(nfd, joined, why, whylen);
 	if (old < 0) {
 		close(nfd);
 		return -1;
@@ -520,7 +547,7 @@ static int px_unmove(char *why, size_t whylen)
 		snprintf(why, whylen, "offloaded at pppd's start: its pty is the daemon's");
 		return -1;
 	}
-	kern = px_switch(px_pty_chan, why, whylen);
+	kern = px_switch(px_pty_chan, 0, why, whylen);
 	if (kern < 0)
 		return -1;
 	px_pty_chan = -1;
@@ -536,10 +563,14 @@ static int px_unmove(char *why, size_t whylen)
 /* Move this running call into the kernel: 0, or a PX_ result and why. */
 static int px_move(char *why, size_t whylen)
 {
-	char rep[1024], line[256];
-	int s, fd, tfd, r, none[2];
+	char rep[1024], line[256], seen[160];
+	int s, fd, tfd, r, none[2], chan, unit;
 
-	r = px_ask("move", 0, &s, &fd, &tfd, rep, sizeof(rep), why, whylen);
+	/* our unit, for the daemon to put the channel under: none found, the
+	 * daemon does not, and the swap below says why it cannot either */
+	if (px_ppp_fds(-1, &chan, &unit, seen, sizeof(seen)) < 0)
+		unit = -1;
+	r = px_ask("move", 0, unit, &s, &fd, &tfd, rep, sizeof(rep), why, whylen);
 	if (r < 0)
 		return r;
 	/* the daemon commits only what we acknowledged, and says so: a channel
@@ -553,7 +584,7 @@ static int px_move(char *why, size_t whylen)
 		r = -1;
 	}
 	if (r == 0)
-		r = px_swap(fd, why, whylen);
+		r = px_swap(fd, unit >= 0 && px_json_int(rep, "unit") == unit, why, whylen);
 	close(s);
 	if (r < 0) {
 		close(fd);	/* the kernel deletes the session with it */

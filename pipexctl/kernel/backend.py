@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 class PPPChannel(Protocol):
     tunnel_id: int
     session_id: int
+    early: list[bytes]  # ppp_connect with a unit: frames that came before the channel was under it
 
     def fileno(self) -> int: ...
     def channel(self) -> int: ...
@@ -44,7 +45,7 @@ class KernelBackend(Protocol):
     def session_get(self, tunnel_id: int, session_id: int) -> Session: ...
     def session_dump(self) -> list[Session]: ...
     def session_ids(self) -> set[tuple[int, int]]: ...
-    def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel: ...
+    def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel: ...
     def close(self) -> None: ...
 
 
@@ -111,23 +112,29 @@ class NetlinkBackend(KernelBackend):
     def session_ids(self) -> set[tuple[int, int]]:
         return self._nl("session ids").session_ids()
 
-    def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
+    def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
+        """A PPPoL2TP socket on ``session``; with ``unit``, its channel is put
+        under that ppp unit beside the unit's own (a live move: the session's
+        frames reach pppN from its connect, while pppd sends down its pty's
+        channel until it detaches it).  Closing the socket takes it out."""
         from .pppol2tp import PPPoL2TPSocket
 
+        # in the namespace throughout: /dev/ppp finds a channel in the caller's
         with self._in_ns():
             s = PPPoL2TPSocket()
-        try:
-            s.connect(
-                version=tunnel.version,
-                tunnel_id=tunnel.tunnel_id,
-                session_id=session.session_id,
-                peer_tunnel_id=tunnel.peer_tunnel_id,
-                peer_session_id=session.peer_session_id,
-                family=tunnel.local.address.version if tunnel.local else 4,
-            )
-        except BaseException:
-            s.close()
-            raise
+            try:
+                s.connect(
+                    version=tunnel.version,
+                    tunnel_id=tunnel.tunnel_id,
+                    session_id=session.session_id,
+                    peer_tunnel_id=tunnel.peer_tunnel_id,
+                    peer_session_id=session.peer_session_id,
+                    family=tunnel.local.address.version if tunnel.local else 4,
+                    unit=unit,
+                )
+            except BaseException:
+                s.close()
+                raise
         return s
 
     def close(self) -> None:
@@ -141,6 +148,8 @@ class _NullChannel:
         self.backend, self.tunnel_id, self.session_id, self.index = backend, tunnel_id, session_id, index
         self.made = backend._made.get((tunnel_id, session_id))
         self.closed = False
+        self.unit: Optional[int] = None  # the ppp unit it was put under (ppp_connect's unit)
+        self.early: list[bytes] = []
 
     def fileno(self) -> int:
         return -1
@@ -243,10 +252,18 @@ class NullBackend(KernelBackend):
     def session_ids(self) -> set[tuple[int, int]]:
         return set(self._sessions)
 
-    def ppp_connect(self, tunnel: Tunnel, session: Session) -> PPPChannel:
+    def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
         self._maybe_fail("ppp_connect", session.describe(), "connect a PPPoL2TP socket to")
         self._channels += 1
-        return _NullChannel(self, tunnel.tunnel_id, session.session_id, self._channels)
+        ch = _NullChannel(self, tunnel.tunnel_id, session.session_id, self._channels)
+        if unit is not None:
+            try:
+                self._maybe_fail("ppp_join", f"the channel of {session.describe()}", f"connect to ppp unit {unit}")
+            except errors.PipexError:
+                ch.close()  # as the kernel: the connected socket closed, its session goes
+                raise
+            ch.unit = unit
+        return ch
 
     def close(self) -> None:
         pass

@@ -25,6 +25,10 @@ from ..model import Stats
 from . import uapi
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# the same libc, called without giving up the GIL: a live move's connect and
+# the ioctls that put its channel under pppd's unit run with no other thread
+# of the daemon in between (what the session receives meanwhile is dropped)
+_libc_held = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 class sockaddr_in(ctypes.Structure):
@@ -182,6 +186,7 @@ class PPPoL2TPSocket:
                 ) from None
             raise errors.SocketError(f"cannot open a PPPoL2TP socket: {e.strerror}", errno=e.errno) from None
         self.tunnel_id = self.session_id = 0
+        self.early: list[bytes] = []  # frames from before the channel was under its unit (connect's unit)
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -201,7 +206,44 @@ class PPPoL2TPSocket:
         fd: int = -1,
         peer: Optional[tuple[str, int]] = None,
         family: int = 4,
+        unit: Optional[int] = None,
     ) -> None:
+        """Connect to the session; with ``unit``, then put the session's PPP
+        channel under ppp unit ``unit`` beside the channel that unit has (a
+        unit takes frames from every channel under it and sends down the
+        first), in one breath: the session takes the peer's frames from its
+        connect, and until the join they wait on the channel.  Those are
+        taken off it into ``early`` (PPP frames from the protocol field on),
+        for the caller to pass on."""
+        ppp = os.open("/dev/ppp", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK) if unit is not None else -1
+        try:
+            self._connect(tunnel_id, session_id, peer_tunnel_id, peer_session_id, version, fd, peer, family,
+                          _libc if unit is None else _libc_held)
+            if unit is not None:
+                self._join(ppp, unit)
+                # what came between the two waits on the channel: taken, for xl2tpd
+                while len(self.early) < 64:
+                    try:
+                        self.early.append(os.read(ppp, 65536))
+                    except BlockingIOError:
+                        break
+        finally:
+            if ppp >= 0:
+                os.close(ppp)  # the channel stays under the unit until it is disconnected or unregistered
+
+    def _join(self, ppp: int, unit: int) -> None:
+        index, u = ctypes.c_int(0), ctypes.c_int(unit)
+        for fd, req, arg in ((self.fileno(), uapi.PPPIOCGCHAN, index), (ppp, uapi.PPPIOCATTCHAN, index),
+                             (ppp, uapi.PPPIOCCONNECT, u)):
+            if _libc_held.ioctl(fd, ctypes.c_ulong(req), ctypes.byref(arg)) != 0:
+                code = ctypes.get_errno()
+                what = f"the channel of session {self.session_id} in tunnel {self.tunnel_id}"
+                if code == _errno.ENXIO and req == uapi.PPPIOCCONNECT:
+                    raise errors.NotFoundError(f"cannot connect {what} to ppp unit {unit}: no such unit", errno=code)
+                raise errors.from_errno(code, what, f"connect to ppp unit {unit}")
+
+    def _connect(self, tunnel_id: int, session_id: int, peer_tunnel_id: int, peer_session_id: int, version: int,
+                 fd: int, peer: Optional[tuple[str, int]], family: int, libc: ctypes.CDLL) -> None:
         sa = build_sockaddr(
             version=version,
             tunnel_id=tunnel_id,
@@ -212,7 +254,7 @@ class PPPoL2TPSocket:
             peer=peer,
             family=family,
         )
-        rc = _libc.connect(self.fileno(), ctypes.byref(sa), ctypes.sizeof(sa))
+        rc = libc.connect(self.fileno(), ctypes.byref(sa), ctypes.sizeof(sa))
         if rc != 0:
             code = ctypes.get_errno()
             what = f"session {session_id} in tunnel {tunnel_id}"

@@ -54,6 +54,8 @@ class DataPath(Protocol):
 
     def release(self, sock: socket.socket) -> None: ...
 
+    def pass_frames(self, tunnel_id: int, session_id: int, frames: list[bytes]) -> int: ...
+
     def check(self) -> None: ...
 
     def watching(self) -> bool: ...
@@ -138,6 +140,11 @@ class KernelDataPath:
                 f"port, and IPsec policies are configured ({seen}): a private port would escape a policy on "
                 f"UDP/1701, so its calls stay on the pty")
 
+    def pass_frames(self, tunnel_id: int, session_id: int, frames: list[bytes]) -> int:
+        """Frames a moved call's session took before its channel was under
+        pppd's unit: to xl2tpd, which still carries the call on its pty."""
+        return self.relay.pass_frames(tunnel_id, session_id, frames)
+
     def adopt(self, sock: socket.socket, tunnel_id: int) -> None:
         """A tunnel socket taken back after a restart: relay it, and count a
         twin's steering (settle() writes the table for all at once)."""
@@ -201,6 +208,7 @@ class NullDataPath:
 
     def __init__(self) -> None:
         self.tunnels: dict[int, tuple[bool, socket.socket]] = {}
+        self.passed: list[tuple[int, int, bytes]] = []  # pass_frames' (tunnel, session, frame)
 
     def local_for(self, peer: str, peer_port: int) -> str:
         return _route_source(peer, peer_port)
@@ -224,6 +232,10 @@ class NullDataPath:
 
     def release(self, sock: socket.socket) -> None:
         sock.close()
+
+    def pass_frames(self, tunnel_id: int, session_id: int, frames: list[bytes]) -> int:
+        self.passed.extend((tunnel_id, session_id, f) for f in frames)
+        return len(frames)
 
     def check(self) -> None:
         pass

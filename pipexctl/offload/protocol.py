@@ -20,7 +20,13 @@ bytes, one JSON object ending in a newline::
   line within ACK_TIMEOUT the daemon undoes the offload.  From 3 on (a
   ``move``), the daemon answers the ack with ``{"ok": true, "committed":
   true}`` once the offload is kept, and the plugin swaps its call's channel
-  only then: a channel whose offload the daemon gave up on is never used;
+  only then: a channel whose offload the daemon gave up on is never used.
+  From 4 on, a ``move`` names its pppd's ppp unit (``"unit": N``): the
+  daemon puts the new channel under that unit as soon as the session
+  exists, beside the pty's channel, and says so in its reply (``unit``);
+  the plugin then only detaches the pty's channel.  Without it, what the
+  peer sends between the session's creation and the plugin's swap would
+  wait on a channel with no unit and be dropped;
 - anything else (``pid``) is informational: the requester is known by
   SO_PEERCRED and /proc, never by what it says.
 
@@ -31,7 +37,7 @@ the op's answer.  A refusal of a ``channel`` or ``move`` may carry
 is not xl2tpd's pppd), so a plugin stops asking.  For ``channel`` and
 ``move``: ``tunnel_id``, ``peer_tunnel_id``,
 ``session_id``, ``peer_session_id``, ``local``, ``peer``, ``role``,
-``tunnel_fd`` and ``v``, with the PPPoL2TP socket (and a copy of the
+``tunnel_fd``, ``v`` (and ``unit`` for a move that named one), with the PPPoL2TP socket (and a copy of the
 tunnel's UDP socket when ``tunnel_fd``) as SCM_RIGHTS.  The plugin checks
 that the socket it got is bound to ``tunnel_id``/``session_id``.
 """
@@ -44,7 +50,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_REQUEST = 4096
-VERSION = 3
+VERSION = 4
 MOVE_VERSION = 3  # the first version whose ``move`` waits for the commit line
 ACK = b'{"op": "ack"}'
 ACK_TIMEOUT = 5.0
@@ -63,6 +69,8 @@ class Request(BaseModel):
     call: Optional[int] = Field(None, ge=1, le=65535)
     tunnel: Optional[int] = Field(None, ge=1, le=65535)
     all: bool = False
+    # "move" (from version 4): the asking pppd's ppp unit (pppd's own PPPIOCGUNIT)
+    unit: Optional[int] = Field(None, ge=0, le=2**31 - 1)
 
     @property
     def acks(self) -> bool:

@@ -230,6 +230,25 @@ class Relay:
                 self._target = (now, xl2tpd_address(self.l2tp_port))
         return self._target[1]
 
+    def pass_frames(self, tunnel_id: int, session_id: int, frames: list[bytes]) -> int:
+        """Hand PPP frames (protocol field on) to xl2tpd as the call's L2TPv2
+        data packets, as the peer sent them: a live move's session received
+        them before its channel was under pppd's unit, and xl2tpd carries
+        them to pppd over the pty.  Returns how many were sent."""
+        target = self._xl2tpd_address()
+        head = struct.pack("!HHH", 0x0002, tunnel_id, session_id) + b"\xff\x03"  # version 2, no L/S/O bits
+        sent = 0
+        for frame in frames:
+            try:
+                self.out.sendto(head + frame, ("127.0.0.1" if target in (None, "0.0.0.0") else target,
+                                               self.l2tp_port))
+                sent += 1
+            except OSError as e:
+                self.errors += 1
+                log.warning("relay: cannot hand a frame of session %d/%d to xl2tpd: %s", tunnel_id, session_id, e)
+        self.relayed += sent
+        return sent
+
     def _hand_over(self, data: bytes, peer: str, peer_port: int) -> None:
         target = self._xl2tpd_address()
         try:

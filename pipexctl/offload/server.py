@@ -261,7 +261,7 @@ class OffloadServer:
                 pty = fds.pop(0) if fds and os.isatty(fds[0]) else None
                 self._channel(conn, pid, pty, req.acks)
             elif op == "move":
-                self._channel(conn, pid, None, acks=True, move=True)
+                self._channel(conn, pid, None, acks=True, move=True, unit=req.unit)
             elif op == "link":
                 kept = self._link(conn, pid)
             elif op == "path":
@@ -337,6 +337,8 @@ class OffloadServer:
                 asked[pid] = name
             except OSError as e:
                 failed[name] = f"control link: {e.strerror}"
+        if to_pty and asked:
+            self.service.failpoint("undo-asked")
         done = self._await_undone(asked, owned, failed) if to_pty else self._await_moved(asked, failed)
         log.info("operator's move %s: %d call(s) moved, %d not", "to the pty" if to_pty else "into the kernel",
                  len(done), len(failed))
@@ -420,29 +422,31 @@ class OffloadServer:
             raise errors.ChannelNotTakenError(f"pppd {pid} did not acknowledge its channel "
                                        f"({'closed' if not line else 'said ' + line[:60].decode('latin-1')!r})")
 
-    def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool = False) -> None:
+    def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool = False,
+                 unit: Optional[int] = None) -> None:
         held = False
         try:
-            held = self._channel_inner(conn, pid, pty, acks, move)
+            held = self._channel_inner(conn, pid, pty, acks, move, unit)
         finally:
             if pty is not None and not held:
                 os.close(pty)  # not taken over: pppd stays on its pty
 
-    def _channel_inner(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool) -> bool:
-        """Offload pppd ``pid``'s call (``move``: a call running on its pty);
-        True when ``pty`` is now held by us."""
+    def _channel_inner(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool,
+                       unit: Optional[int]) -> bool:
+        """Offload pppd ``pid``'s call (``move``: a call running on its pty,
+        ``unit`` its ppp unit); True when ``pty`` is now held by us."""
         try:
             pidfd: Optional[int] = os.pidfd_open(pid)  # first: the /proc reads below are then of this process
         except ProcessLookupError:
             pidfd = None
         try:
-            return self._offload_for(conn, pid, pty, pidfd, acks, move)
+            return self._offload_for(conn, pid, pty, pidfd, acks, move, unit)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
 
     def _offload_for(self, conn: socket.socket, pid: int, pty: Optional[int], pidfd: Optional[int],
-                     acks: bool, move: bool) -> bool:
+                     acks: bool, move: bool, unit: Optional[int]) -> bool:
         svc = self.service
         xl2tpd_pid, refusal = prove_requester(pid) if pidfd is not None else (None, "requester_gone")
         if refusal or not _running(pidfd):
@@ -474,7 +478,8 @@ class OffloadServer:
 
         timing: dict[str, float] = {}
         try:
-            ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing, moved=move)
+            ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing, moved=move,
+                                unit=unit if move else None)
         except (errors.PipexError, OSError) as e:
             svc.failed(e, pid)
             log.warning("offload of call %d (pppd %d) failed: %s", call.call_id, pid, e)

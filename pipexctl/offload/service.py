@@ -55,8 +55,9 @@ log = logging.getLogger("pipexctl.serve")
 # kill there would; <name>@<seconds> stalls there instead, as a daemon
 # starved of CPU would.  Unset (always, in production) they cost one lookup.
 FAILPOINTS = ("tunnel-created", "session-created", "channel-connected", "state-saved", "channel-sent")
-# a live move's own point: the plugin acknowledged, the daemon has not said "committed"
-MOVE_FAILPOINTS = ("move-acked",)
+# a live move's own points: the plugin acknowledged, the daemon has not said
+# "committed"; the operator's undo written on the links, no answer read yet
+MOVE_FAILPOINTS = ("move-acked", "undo-asked")
 
 # seconds, request -> channel sent: Prometheus histogram bounds
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -282,9 +283,13 @@ class OffloadService(Endings):
     # ---------------------------------------------------------- the offload
     def offload(self, call: CallInfo, pppd_pid: Optional[int] = None, pty: Optional[str] = None,
                 hand_off: Optional[HandOff] = None, xl2tpd_pid: Optional[int] = None,
-                timing: Optional[dict[str, float]] = None, moved: bool = False) -> tuple[PPPChannel, dict[str, Any]]:
+                timing: Optional[dict[str, float]] = None, moved: bool = False,
+                unit: Optional[int] = None) -> tuple[PPPChannel, dict[str, Any]]:
         """Give ``call`` a kernel channel; all or nothing (``moved``: the call
-        runs on its pty and its pppd swaps channels, the plugin's live move).
+        runs on its pty and its pppd swaps channels, the plugin's live move;
+        ``unit``: its pppd's ppp unit, which the channel joins as soon as it
+        exists, so the session's frames reach pppN while pppd has yet to
+        swap; ``meta["unit"]`` says it did).
 
         ``pppd_pid`` and ``xl2tpd_pid`` (its verified parent) are watched:
         their exits, not log lines, end the session and the tunnel.
@@ -303,7 +308,7 @@ class OffloadService(Endings):
         try:
             with self.lock:
                 t_locked = time.monotonic()
-                ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid, moved)
+                ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid, moved, unit)
                 if hand_off is not None and ts.sock is not None:
                     # our own copy: the tunnel may be dropped (and its socket
                     # closed) by another thread while pppd is handed this one
@@ -346,7 +351,8 @@ class OffloadService(Endings):
         return ch, meta
 
     def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int],
-               moved: bool = False) -> tuple[PPPChannel, dict[str, Any], TunnelState, SessionRecord, bool, int]:
+               moved: bool = False, unit: Optional[int] = None
+               ) -> tuple[PPPChannel, dict[str, Any], TunnelState, SessionRecord, bool, int]:
         """The kernel objects and the record of ``call`` (caller holds the lock)."""
         ids = call.ids()
         if ids is None:
@@ -378,15 +384,23 @@ class OffloadService(Endings):
                 self._forget_session(ts, call.call_id, "its id was reused by a new call")
             if call.call_id in ts.records:
                 raise errors.ConflictError(f"call {call.call_id} of tunnel {call.tunnel_id} is already offloaded")
+            # what PPPoL2TP connect needs is known: no netlink round trip to
+            # read it back, and nothing to build between create and connect
+            # (the session drops what it receives until its socket is there)
+            k_tunnel = Tunnel(tunnel_id=ts.tunnel_id, peer_tunnel_id=ts.peer_tunnel_id, version=2, encap=Encap.udp)
+            k_session = Session(tunnel_id=ts.tunnel_id, session_id=call.call_id, peer_session_id=ids.peer_call_id,
+                                pw_type=PwType.ppp)
             tx.create_session(SessionSpec(tunnel_id=ts.tunnel_id, session_id=call.call_id,
                                           peer_session_id=ids.peer_call_id, version=2, pw_type=PwType.ppp,
                                           lns_mode=call.role == "lns"))
             self.failpoint("session-created")
-            # what PPPoL2TP connect needs is known: no netlink round trip to read it back
-            ch = tx.connect_ppp(Tunnel(tunnel_id=ts.tunnel_id, peer_tunnel_id=ts.peer_tunnel_id, version=2,
-                                       encap=Encap.udp),
-                                Session(tunnel_id=ts.tunnel_id, session_id=call.call_id,
-                                        peer_session_id=ids.peer_call_id, pw_type=PwType.ppp))
+            # a move's channel goes under pppd's unit at once: the peer's frames
+            # reach pppN, not a channel queue the plugin would drop at its swap
+            ch = tx.connect_ppp(k_tunnel, k_session, unit)
+            if ch.early:  # they came between the connect and the join: xl2tpd still carries the call
+                n = self.datapath.pass_frames(ts.tunnel_id, call.call_id, ch.early)
+                log.info("call %d: %d frame(s) from before its channel was under ppp%s passed to xl2tpd",
+                         call.call_id, n, unit)
             self.failpoint("channel-connected")
             rec = SessionRecord(call_id=call.call_id, peer_call_id=ids.peer_call_id,
                                 pppd_pid=pppd_pid or call.pppd_pid or 1, role=call.role, pty=pty, moved=moved,
@@ -400,6 +414,8 @@ class OffloadService(Endings):
             meta = {"tunnel_id": ts.tunnel_id, "peer_tunnel_id": ts.peer_tunnel_id, "session_id": call.call_id,
                     "peer_session_id": ids.peer_call_id, "local": f"{ts.local}:{ts.local_port}",
                     "peer": f"{ts.peer}:{ts.peer_port}", "role": call.role}
+            if unit is not None:
+                meta["unit"] = unit
             return ch, meta, ts, rec, made_tunnel, snap
 
     def _new_tunnel(self, call: CallInfo, ids: CallIds, tx: Transaction, xl2tpd_pid: Optional[int]) -> TunnelState:

@@ -135,6 +135,9 @@ def test_running_calls_move_into_the_kernel_when_the_daemon_starts(make_lab):
                                for n, p in logs.items()), "pppd's word that it moved", timeout=20, detail=lab.tails)
         xl2tpd_at_move = status_lns_bytes(lab)
         time.sleep(10)
+        # the transfer's TCP state and the ppp units as the move left them, for a failure's message
+        tcp_state = {ns: sh("ip", "netns", "exec", ns, "ss", "-tin", "dport", "5201")
+                     + sh("tc", "-n", ns, "-s", "qdisc", "show", "dev", "ppp0") for ns in (l1.ns, lab.lns.ns)}
         for p in (iperf, ping):  # both report what they had on SIGINT
             p.send_signal(signal.SIGINT)
         out, err = iperf.communicate(timeout=60)
@@ -149,10 +152,18 @@ def test_running_calls_move_into_the_kernel_when_the_daemon_starts(make_lab):
     pty = [r for s, e, r in rates if e <= spawn_at]
     kernel = [r for s, e, r in rates if s >= move_at + 1]
     assert pty and len(kernel) >= 5, (spawn_at, move_at, rates)
-    assert all(r > 0 for s, e, r in rates), rates  # not one second without data: no stall at the move
     ratio = (sum(kernel) / len(kernel)) / (sum(pty) / len(pty))
     figures = {"daemons_start_s": round(t_serving - t_spawn, 1), "moved_after_serving_s": round(t_moved - t_serving, 2), "pty_mbps": round(sum(pty) / len(pty), 1),
-               "kernel_mbps": round(sum(kernel) / len(kernel), 1), "ratio": round(ratio, 1), "intervals": rates}
+               "kernel_mbps": round(sum(kernel) / len(kernel), 1), "ratio": round(ratio, 1), "intervals": rates,
+               "spawn_at_s": round(spawn_at, 2), "serving_at_s": round(t_serving - t_iperf, 2),
+               "moved_at_s": round(move_at, 2), "switched_at_s": {k: round(v - (time.time() - time.monotonic()) - t_iperf, 2)
+                                                                 for k, v in switched.items()}}
+    if os.environ.get("PIPEXCTL_RESULTS"):  # the figures docs/offload.md quotes, kept with the guest's results
+        (Path(os.environ["PIPEXCTL_RESULTS"]) / "live-move.json").write_text(json.dumps(figures, indent=1))
+    # not one second without data: no stall at the move (nor while the daemons start).  A unit
+    # whose queue the pty's channel had stopped when it was detached sent nothing more until
+    # the plugin's Discard-Request (px_kick); the message shows TCP's backoff and the qdisc
+    assert all(r > 0 for s, e, r in rates), " ".join(f"{s:.0f}:{r:.1f}" for s, e, r in rates) + f" {tcp_state}"
     # after the move xl2tpd carries nothing of the calls: the kernel does (a transfer's
     # worth of bytes went by, while xl2tpd's own counters stayed where they were)
     after_bytes = sum(r for s, e, r in rates if s >= move_at + 1) * 1e6 / 8
@@ -167,13 +178,13 @@ def test_running_calls_move_into_the_kernel_when_the_daemon_starts(make_lab):
     figures.update(ping_sent=sent, ping_lost=sent - received, ping_lost_at_switches=near, ping_lost_elsewhere=far,
                    switch_gap_s=round(abs(switched["lns"] - switched["lac"]), 2))
     print("live move:", json.dumps({k: v for k, v in figures.items() if k != "intervals"}))
-    if os.environ.get("PIPEXCTL_RESULTS"):  # the figures docs/offload.md quotes, kept with the guest's results
+    if os.environ.get("PIPEXCTL_RESULTS"):
         (Path(os.environ["PIPEXCTL_RESULTS"]) / "live-move.json").write_text(json.dumps(figures, indent=1))
-    # the ping's call carried on through its two switches (one per side): at most half a second of
-    # pings lost at each.  The count is reported (live-move.json, docs/offload.md): between the
-    # session's creation and pppd's swap the kernel drops what arrives, and under emulation that
-    # gap is the daemon's scheduling (Debian 12: at most 1 per switch; the Debian 13 guest: 4 at two)
-    assert near <= 10, (figures, ping_out[-600:])
+    # the ping's call carried on through its two switches (one per side), at most one ping lost
+    # at each: the session's channel is under pppd's unit from its connect, and what came before
+    # that went to xl2tpd; what remains is the few milliseconds between creating the session and
+    # connecting its socket, when the kernel drops what arrives (live-move.json, docs/offload.md)
+    assert near <= 2, (figures, ping_out[-600:])
     # the daemons counted the moves; pppd still holds its pty (xl2tpd's, unused now)
     st = lab.serve_status(lab.lns)
     assert st["stats"]["moved"] == 2 and st["stats"]["offloaded"] == 2, st["stats"]
@@ -241,23 +252,26 @@ def test_a_call_with_stock_options_under_ipsec_moves_negotiated_as_for_the_kerne
                timeout=60, detail=lab.tails)
 
 
-@pytest.mark.one_debian("the daemon's side of a kill between ack and commit; the swap on both is the first test's")
-def test_a_daemon_killed_in_the_middle_of_a_move_leaves_the_call_on_its_pty(make_lab):
-    """kill -9 of the daemon after the plugin acknowledged the channel and
-    before the daemon said "committed" (PIPEXCTL_FAILPOINT=move-acked): the
-    plugin never uses a channel without the commit, closes what it got, and
-    the call goes on on its pty (no neither-path moment); the next daemon
-    moves it."""
+@pytest.mark.one_debian("the daemon's side of a kill in a move; the swap on both is the first test's")
+@pytest.mark.parametrize("point,word", [("channel-connected", "no reply from"), ("move-acked", "no commit from")])
+def test_a_daemon_killed_in_the_middle_of_a_move_leaves_the_call_on_its_pty(make_lab, point, word):
+    """kill -9 of the daemon once the session's channel is under pppd's unit
+    beside the pty's (PIPEXCTL_FAILPOINT=channel-connected), or after the
+    plugin acknowledged the channel and before the daemon said "committed"
+    (move-acked): the kernel takes the dead daemon's channel out of the
+    unit, the plugin never uses a channel without the commit and closes
+    what it got, and the call goes on on its pty (no neither-path moment);
+    the next daemon moves it."""
     lab = make_lab(1, lac_extra_pppd="")  # the LAC's pppd on its pty, no plugin
     l1 = lab.lacs[0]
     lab.start_all(plugin_options(required=False))
     lab.connect(l1)
     wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
     log = lab.lns.dir / "pppd.log"
-    srv = lab.serve(lab.lns, env={"PIPEXCTL_FAILPOINT": "move-acked"})
+    srv = lab.serve(lab.lns, env={"PIPEXCTL_FAILPOINT": point})
     srv.wait(60)
     assert srv.returncode == -9, (srv.returncode, lab.tails())
-    wait_until(lambda: "not moved into the kernel: no commit from" in log.read_text(), "the plugin's word",
+    wait_until(lambda: f"not moved into the kernel: {word}" in log.read_text(), "the plugin's word",
                timeout=20, detail=lab.tails)
     # what the move had made went with the daemon and the plugin's copies; the pty carries the call
     wait_until(lambda: ip_l2tp(lab.lns.ns, "session") == [] == ip_l2tp(lab.lns.ns, "tunnel"),
@@ -275,6 +289,56 @@ def test_a_daemon_killed_in_the_middle_of_a_move_leaves_the_call_on_its_pty(make
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-600:]
     assert lab.serve_status(lab.lns)["stats"]["moved"] == 1
+
+
+@pytest.mark.one_debian("the daemon's side of a kill in an operator's undo; the swap on both is the first test's")
+def test_a_daemon_killed_in_the_middle_of_an_operators_undo_leaves_the_call_on_its_pty(make_lab):
+    """kill -9 of the daemon once it has written "undo" on the call's link
+    and before it read the answer (PIPEXCTL_FAILPOINT=undo-asked): the
+    plugin moves the call back all the same, the dead daemon's tunnel goes
+    with its socket, and the call runs on its pty; the next daemon forgets
+    the record of a session the kernel no longer has, and the plugin (its
+    link, and the hold that came with the undo, gone with the daemon) asks
+    it to move the call in again.  A ping at 10/s runs across it."""
+    lab = make_lab(1, lac_extra_pppd="")
+    l1 = lab.lacs[0]
+    lab.start_all(plugin_options(required=False))
+    lab.connect(l1)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
+    log = lab.lns.dir / "pppd.log"
+    sock = lab.serve_socket(lab.lns)
+    srv = lab.serve(lab.lns, env={"PIPEXCTL_FAILPOINT": "undo-asked"})
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and "call moved from the pty" in log.read_text(),
+               "the call moved in", timeout=60, detail=lab.tails)
+    ping = subprocess.Popen(["ip", "netns", "exec", l1.ns, "ping", "-D", "-i", "0.1", "-c", "250", "-W", "2",
+                             LNS_ADDR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
+    t0 = time.time()
+    r = pipexctl(lab.lns.ns, "offload", "move", "--all", "--undo", "--socket", sock)
+    srv.wait(60)
+    assert srv.returncode == -9 and r.returncode == 1, (srv.returncode, r.stdout + r.stderr, lab.tails())
+    wait_until(lambda: "call moved back from the kernel to the pty" in log.read_text(), "the plugin's move back",
+               timeout=20, detail=lab.tails)
+    t1 = time.time()
+    wait_until(lambda: ip_l2tp(lab.lns.ns, "session") == [] == ip_l2tp(lab.lns.ns, "tunnel"),
+               "nothing left in the kernel", timeout=20, detail=lab.tails)
+    lab.serve(lab.lns)
+    st = lab.serve_status(lab.lns)
+    assert st["stats"]["adopted"] == 0, st  # the dead daemon's record named a session that is gone
+    # the undo's answer found no daemon, so the plugin's hold went with the link: a new daemon
+    # decides anew, and the plugin asks it to move the call in
+    wait_until(lambda: log.read_text().count("call moved from the pty into the kernel") == 2
+               and len(ip_l2tp(lab.lns.ns, "session")) == 1, "the call moved in by the next daemon", timeout=60,
+               detail=lab.tails)
+    ping_out, _ = ping.communicate(timeout=60)
+    near, far = lost_near(ping_out, [(t0, t1)])
+    print("kill in an undo:", json.dumps({"ping_lost_near_the_kill": near, "ping_lost_elsewhere": far}))
+    assert re.search(r" 0 received", ping_out) is None, ping_out[-600:]
+    # the call was on one path or the other throughout: a switch's loss, not an outage
+    assert near <= 5, (near, far, ping_out[-800:])
+    r = subprocess.run(["ip", "netns", "exec", l1.ns, "ping", "-c", "5", "-i", "0.2", "-W", "3", LNS_ADDR],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-600:]
 
 
 def pipexctl(ns: str, *args: str) -> subprocess.CompletedProcess[str]:

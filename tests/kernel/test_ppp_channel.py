@@ -15,7 +15,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from pipexctl import netns
+from pipexctl import errors, netns
 from pipexctl.cli import AppContext, cli
 from pipexctl.kernel import uapi
 from pipexctl.kernel.backend import NetlinkBackend
@@ -157,3 +157,79 @@ def test_openbsd_order_with_fd_handoff(pair, tmp_path):
     backend.close()
     r = subprocess.run(["ip", "netns", "exec", pair.a, "ip", "l2tp", "del", "tunnel", "tunnel_id", "300"], capture_output=True)
     assert r.returncode == 0
+
+
+def _ping(ns: str, dst: str, src: str, count: int = 3) -> bool:
+    r = subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", str(count), "-i", "0.2", "-W", "1", "-I", src, dst],
+                       capture_output=True, text=True)
+    return r.returncode == 0
+
+
+def test_a_channel_joins_a_unit_beside_its_channel_and_leaves_with_its_socket(pair, orch_in):
+    """The first half of a live move (ppp_connect with ``unit``): a second
+    session's channel put under a ppp unit that already has one, at its
+    connect.  The unit takes frames from both and sends down its first;
+    closing the joined channel's socket takes it out again.  Proved by a
+    round trip that exists only through the join: B sends on session 8, A
+    receives on session 7 (joined to A's unit) and answers down the unit's
+    first channel, session 5."""
+    oa, ob = orch_in(pair.a), orch_in(pair.b)
+    udp_a, ch_a5 = _side(oa, pair.a, pair.A4, pair.B4, 11, 22, 5, 6)
+    udp_b, ch_b6 = _side(ob, pair.b, pair.B4, pair.A4, 22, 11, 6, 5)
+    made = {}
+    for o, tid, sid, psid in ((oa, 11, 7, 8), (ob, 22, 8, 7), (oa, 11, 9, 10)):
+        made[sid] = o.add_session(SessionSpec(tunnel_id=tid, session_id=sid, peer_session_id=psid, version=2,
+                                              pw_type=PwType.ppp))
+    ch_b8 = ob.backend.ppp_connect(made[8].tunnel, made[8].session)
+    chans, fds = [ch_a5, ch_b6, ch_b8], []
+    try:
+        with netns.enter(pair.a):
+            unit_a, *f = _ppp_unit(ch_a5.channel())
+            fds += f
+        with netns.enter(pair.b):
+            unit_b, *f = _ppp_unit(ch_b6.channel())
+            fds += f
+            unit_b2, *f = _ppp_unit(ch_b8.channel())
+            fds += f
+        for ns, dev, me, peer in ((pair.a, f"ppp{unit_a}", "10.99.1.1", "10.99.1.2"),
+                                  (pair.b, f"ppp{unit_b}", "10.99.1.2", "10.99.1.1"),
+                                  (pair.b, f"ppp{unit_b2}", "10.99.2.2", "10.99.2.1")):
+            subprocess.run(["ip", "-n", ns, "addr", "add", me, "peer", peer, "dev", dev], check=True)
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
+        # A answers for 10.99.2.1 on its one unit, and sends the answers down it
+        subprocess.run(["ip", "-n", pair.a, "addr", "add", "10.99.2.1/32", "dev", f"ppp{unit_a}"], check=True)
+        subprocess.run(["ip", "-n", pair.a, "route", "add", "10.99.2.2", "dev", f"ppp{unit_a}"], check=True)
+        assert _ping(pair.b, "10.99.1.1", "10.99.1.2")  # the unit's own channel
+        assert not _ping(pair.b, "10.99.2.1", "10.99.2.2", 2)  # session 7 has no socket yet
+
+        # a unit that does not exist: one clear error, and the socket closed (its session with it)
+        with pytest.raises(errors.NotFoundError, match="ppp unit 4242: no such unit"):
+            oa.backend.ppp_connect(made[9].tunnel, made[9].session, unit=4242)
+        assert _wait_gone_session(pair.a, 9)
+        ch_a7 = oa.backend.ppp_connect(made[7].tunnel, made[7].session, unit=unit_a)
+        chans.append(ch_a7)
+        assert _ping(pair.b, "10.99.2.1", "10.99.2.2")  # in on session 7, out on session 5
+        assert ch_a7.stats().rx_packets >= 3 and ch_a7.stats().tx_packets == 0  # the unit sends down its first
+        assert _ping(pair.b, "10.99.1.1", "10.99.1.2")
+
+        ch_a7.close()  # its only socket: the session goes, and its channel leaves the unit
+        assert _wait_gone_session(pair.a, 7)
+        assert _ping(pair.b, "10.99.1.1", "10.99.1.2")  # the unit's first channel carries on
+        assert not _ping(pair.b, "10.99.2.1", "10.99.2.2", 2)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        for c in chans:
+            c.close()
+        udp_a.close()
+        udp_b.close()
+    assert _wait_gone(pair.a, "tunnel") and _wait_gone(pair.b, "tunnel")
+
+
+def _wait_gone_session(ns, sid, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(s["session_id"] != sid for s in ip_l2tp(ns, "session")):
+            return True
+        time.sleep(0.05)
+    return False

@@ -63,7 +63,7 @@ class Harness:
         try:
             conn.settimeout(5)
             req = conn.recv(4096)
-            assert json.loads(req) == {"op": op, "v": 2 if op == "channel" else 3, "pid": self.p.pid}
+            assert json.loads(req) == {"op": op, "v": 2 if op == "channel" else 4, "pid": self.p.pid}  # no unit: no /dev/ppp here
             serve(conn)
         finally:
             conn.close()

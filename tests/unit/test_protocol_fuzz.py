@@ -58,14 +58,18 @@ def test_the_contract_the_c_plugin_reads():
     assert reply(True, tunnel_id=1).startswith(b'{"ok": true,')
     assert reply(False, error="x").startswith(b'{"ok": false,')
     src = (Path(__file__).resolve().parents[2] / "plugins" / "pipexctl.c").read_text()
-    # the request line as the plugin formats it: channel (v 2, at pppd's start) and move (v 3)
-    assert '"{\\"op\\": \\"%s\\", \\"v\\": %d, \\"pid\\": %d}\\n", op, with_pty ? 2 : 3' in src
+    # the request line as the plugin formats it: channel (v 2, at pppd's start) and move (v 4, with its unit)
+    assert '"{\\"op\\": \\"%s\\", \\"v\\": %d, \\"pid\\": %d}\\n", op, with_pty ? 2 : 4' in src
+    assert '"{\\"op\\": \\"%s\\", \\"v\\": 4, \\"pid\\": %d, \\"unit\\": %d}\\n", op' in src
     assert 'px_ask("channel", 1,' in src and 'px_ask("move", 0,' in src
     req, why = parse_request(b'{"op": "channel", "v": 2, "pid": 4242}\n')
     assert why is None and req.acks and req.pid == 4242
     req, why = parse_request(b'{"op": "move", "v": 3, "pid": 4242}\n')
     assert why is None and req.op == "move" and req.acks
     assert parse_request(b'{"op": "move", "v": 2, "pid": 4242}\n') == (None, "move_needs_version_3")
+    req, why = parse_request(b'{"op": "move", "v": 4, "pid": 4242, "unit": 3}\n')
+    assert why is None and req.unit == 3
+    assert parse_request(b'{"op": "move", "v": 4, "pid": 4242, "unit": -1}\n') == (None, "malformed_request")
     assert is_ack(b'{"op": "ack"}') and not is_ack(b'{"op": "ack"') and not is_ack(b"")
     assert '"{\\"ok\\": true,"' in src and '"{\\"op\\": \\"ack\\"}\\n"' in src
     # a move's commit line, and a refusal for good, as the plugin compares them

@@ -84,3 +84,25 @@ def test_detach_with_wait_returns_once_the_relay_thread_let_go_of_the_socket():
         relay.close()
         a.close()
         b.close()
+
+
+def test_frames_from_before_a_moved_channels_join_reach_xl2tpd_as_the_calls_data_packets():
+    """A live move's session takes the peer's frames from its connect; what
+    came before its channel was under pppd's unit is handed to xl2tpd as
+    the peer sent it (L2TPv2 data, our tunnel and session ids, the PPP
+    address and control field), which carries it over the pty."""
+    from pipexctl.offload.relay import Relay
+
+    xl2tpd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    xl2tpd.bind(("127.0.0.1", 0))
+    relay = Relay(l2tp_port=xl2tpd.getsockname()[1])
+    try:
+        frames = [b"\x00\x21" + bytes(range(30)), b"\xc0\x21\x09\x01\x00\x08abcd"]  # an IP packet, an LCP echo
+        assert relay.pass_frames(4661, 7, frames) == 2 and relay.relayed == 2
+        xl2tpd.settimeout(2)
+        got = [xl2tpd.recv(100) for _ in frames]
+        assert got == [struct.pack("!HHH", 0x0002, 4661, 7) + b"\xff\x03" + f for f in frames]
+        assert l2tp_tunnel_id(got[0]) == 4661
+    finally:
+        relay.close()
+        xl2tpd.close()

@@ -105,11 +105,14 @@ def _move_server(tmp_path, monkeypatch):
     return srv, t
 
 
-def _ask_move(path):
+def _ask_move(path, unit=None):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(10)
     s.connect(path)
-    s.sendall(b'{"op": "move", "v": 3, "pid": %d}\n' % os.getpid())
+    if unit is None:
+        s.sendall(b'{"op": "move", "v": 3, "pid": %d}\n' % os.getpid())
+    else:
+        s.sendall(b'{"op": "move", "v": 4, "pid": %d, "unit": %d}\n' % (os.getpid(), unit))
     data, fds, _, _ = socket.recv_fds(s, 4096, 2)
     for fd in fds:
         os.close(fd)
@@ -139,6 +142,38 @@ def test_a_move_is_committed_after_the_plugins_ack_and_only_then(tmp_path, monke
         s.close()
         assert srv.service.stats["moved"] == 1 and 1 not in srv.service.tunnels[("xl2tpd", 100)].records
         assert (100, 1) not in [(k.tunnel_id, k.session_id) for k in srv.service.backend.session_dump()]
+    finally:
+        srv.stop.set()
+        t.join(10)
+
+
+def test_a_move_that_names_its_unit_gets_a_channel_under_that_unit_or_nothing(tmp_path, monkeypatch):
+    """Protocol 4: the daemon puts the new channel under the asking pppd's
+    ppp unit before it replies, and says so; a unit the kernel refuses
+    fails the move with the reason, leaving no session or record."""
+    import errno
+
+    srv, t = _move_server(tmp_path, monkeypatch)
+    backend = srv.service.backend
+    try:
+        s, rep = _ask_move(srv.socket_path)  # a v3 plugin: no unit, nothing joined
+        assert rep["ok"] and "unit" not in rep and "ppp_join" not in backend.calls
+        s.close()  # no ack: undone
+        for _ in range(200):
+            if backend.session_dump() == []:
+                break
+            time.sleep(0.02)
+        backend.fail_on["ppp_join"] = errno.ENXIO
+        s, rep = _ask_move(srv.socket_path, unit=7)
+        s.close()
+        assert rep["ok"] is False and "ppp unit 7" in rep["error"], rep
+        assert backend.session_dump() == [] and not any(ts.records for ts in srv.service.tunnels.values())
+        del backend.fail_on["ppp_join"]
+        s, rep = _ask_move(srv.socket_path, unit=7)
+        assert rep["ok"] and rep["unit"] == 7 and rep["v"] == 4 and backend.calls.count("ppp_join") == 2
+        s.sendall(b'{"op": "ack"}\n')
+        assert json.loads(s.makefile().readline()) == {"ok": True, "committed": True}
+        s.close()
     finally:
         srv.stop.set()
         t.join(10)

@@ -24,7 +24,9 @@ bytes, one JSON object ending in a newline::
   From 4 on, a ``move`` names its pppd's ppp unit (``"unit": N``): the
   daemon puts the new channel under that unit as soon as the session
   exists, beside the pty's channel, and says so in its reply (``unit``);
-  the plugin then only detaches the pty's channel.  Without it, what the
+  the plugin then only detaches the pty's channel.  The unit is the
+  requester's word, trusted as far as the requester (proven root pppd,
+  child of xl2tpd; the plugin reads it with PPPIOCGUNIT).  Without it, what the
   peer sends between the session's creation and the plugin's swap would
   wait on a channel with no unit and be dropped;
 - anything else (``pid``) is informational: the requester is known by

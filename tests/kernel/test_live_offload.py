@@ -291,6 +291,24 @@ def test_a_daemon_killed_in_the_middle_of_a_move_leaves_the_call_on_its_pty(make
     assert lab.serve_status(lab.lns)["stats"]["moved"] == 1
 
 
+def one_call_moved(make_lab, pppd_extra: str = "", env: dict[str, str] | None = None):
+    """One call up on its pty with the plugin on the LNS side (the LAC's pppd
+    without it), then the LNS daemon started (``env`` added to its
+    environment) and the call moved in: (lab, the LAC, the LNS pppd's log,
+    the daemon's socket, the daemon)."""
+    lab = make_lab(1, lac_extra_pppd="")
+    l1 = lab.lacs[0]
+    lab.start_all(plugin_options(required=False) + pppd_extra)
+    lab.connect(l1)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
+    log = lab.lns.dir / "pppd.log"
+    sock = lab.serve_socket(lab.lns)
+    srv = lab.serve(lab.lns, env=env)
+    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and "call moved from the pty" in log.read_text(),
+               "the call moved in", timeout=60, detail=lab.tails)
+    return lab, l1, log, sock, srv
+
+
 @pytest.mark.one_debian("the daemon's side of a kill in an operator's undo; the swap on both is the first test's")
 def test_a_daemon_killed_in_the_middle_of_an_operators_undo_leaves_the_call_on_its_pty(make_lab):
     """kill -9 of the daemon once it has written "undo" on the call's link
@@ -300,16 +318,7 @@ def test_a_daemon_killed_in_the_middle_of_an_operators_undo_leaves_the_call_on_i
     the record of a session the kernel no longer has, and the plugin (its
     link, and the hold that came with the undo, gone with the daemon) asks
     it to move the call in again.  A ping at 10/s runs across it."""
-    lab = make_lab(1, lac_extra_pppd="")
-    l1 = lab.lacs[0]
-    lab.start_all(plugin_options(required=False))
-    lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
-    log = lab.lns.dir / "pppd.log"
-    sock = lab.serve_socket(lab.lns)
-    srv = lab.serve(lab.lns, env={"PIPEXCTL_FAILPOINT": "undo-asked"})
-    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and "call moved from the pty" in log.read_text(),
-               "the call moved in", timeout=60, detail=lab.tails)
+    lab, l1, log, sock, srv = one_call_moved(make_lab, env={"PIPEXCTL_FAILPOINT": "undo-asked"})
     ping = subprocess.Popen(["ip", "netns", "exec", l1.ns, "ping", "-D", "-i", "0.1", "-c", "250", "-W", "2",
                              LNS_ADDR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(3)
@@ -353,16 +362,7 @@ def test_the_operator_moves_a_call_back_to_its_pty_and_in_again(make_lab):
     kernel session and the tunnel go, and xl2tpd carries the call again;
     `pipexctl offload move --call ID` moves it in again.  A ping at 10/s
     runs across both switches; no LCP/IPCP renegotiation."""
-    lab = make_lab(1, lac_extra_pppd="")  # the LAC's pppd on its pty, no plugin
-    l1 = lab.lacs[0]
-    lab.start_all(plugin_options(required=False) + "debug\n")
-    lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
-    log = lab.lns.dir / "pppd.log"
-    sock = lab.serve_socket(lab.lns)
-    lab.serve(lab.lns)
-    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and "call moved from the pty" in log.read_text(),
-               "the call moved in", timeout=60, detail=lab.tails)
+    lab, l1, log, sock, _ = one_call_moved(make_lab, "debug\n")
     before = negotiations(log.read_text())
     ping = subprocess.Popen(["ip", "netns", "exec", l1.ns, "ping", "-D", "-i", "0.1", "-c", "300", "-W", "2",
                              LNS_ADDR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -410,16 +410,7 @@ def test_a_moved_call_survives_a_daemon_restart_and_its_link_comes_back(make_lab
     call (the next start adopts it), the plugin's control link reconnects
     to the new daemon, and over it the operator moves the call back to its
     pty and in again."""
-    lab = make_lab(1, lac_extra_pppd="")
-    l1 = lab.lacs[0]
-    lab.start_all(plugin_options(required=False))
-    lab.connect(l1)
-    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
-    log = lab.lns.dir / "pppd.log"
-    sock = lab.serve_socket(lab.lns)
-    srv = lab.serve(lab.lns)
-    wait_until(lambda: len(ip_l2tp(lab.lns.ns, "session")) == 1 and "call moved from the pty" in log.read_text(),
-               "the call moved in", timeout=60, detail=lab.tails)
+    lab, l1, log, sock, srv = one_call_moved(make_lab)
     srv.send_signal(signal.SIGTERM)
     srv.wait(60)
     assert len(ip_l2tp(lab.lns.ns, "session")) == 1  # the kernel keeps the moved call

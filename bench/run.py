@@ -250,6 +250,24 @@ def service_table(ss: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def livemove_table(lm: dict) -> str:
+    """bench/livemove.py's rows: one call moved from its pty into the kernel while a transfer runs."""
+    runs = lm.get("runs") or []
+    if not runs:
+        return ""
+    out = ["", "The live move (`bench/livemove.py`): one call on its pty on both sides, an iperf3 transfer on it, "
+           "then the daemons started and the call moved while it runs (target: kernel at least 10x the pty):", "",
+           "| run | moved after the daemons accepted, s | pty Mbit/s | kernel Mbit/s | ratio "
+           "| seconds without data |", "|---|---|---|---|---|---|"]
+    for i, r in enumerate(runs, 1):
+        if r.get("error") or not r.get("moved"):
+            out.append(f"| {i} | failed: {r.get('error') or 'not moved within 60 s'} | | | | |")
+            continue
+        out.append(f"| {i} | {r['moved_after_serving_s']:.2f} | {r.get('pty_mbps')} | {r.get('kernel_mbps')} "
+                   f"| {r.get('ratio', '-')} | {r['zero_intervals']} |")
+    return "\n".join(out) + "\n"
+
+
 def plot(res: dict, cp: dict, path: Path) -> bool:
     try:
         import matplotlib
@@ -312,6 +330,7 @@ def main() -> int:
                f"{py} bench/controlplane.py; "
                f"{py} bench/startup.py; "
                f"{py} bench/servicestorm.py --k {a.storm}; "
+               f"{py} bench/livemove.py --runs {a.runs}; "
                f"{py} bench/loginstorm.py --k {a.storm}"
                + (f"; {py} bench/loginstorm.py --k {a.scrape_k} --cases d,s,s,d "
                   f"--out \"$PIPEXCTL_RESULTS/loginstorm-scrape.json\"" if a.scrape_k else ""))
@@ -334,6 +353,8 @@ def main() -> int:
         res["loginstorm"].setdefault("rows", []).extend(json.loads(scf.read_text())["rows"])
     ssf = r.results_dir / "servicestorm.json"
     res["servicestorm"] = json.loads(ssf.read_text()) if ssf.exists() else {}
+    lmf = r.results_dir / "livemove.json"
+    res["livemove"] = json.loads(lmf.read_text()) if lmf.exists() else {}
     suf = r.results_dir / "startup.json"
     res["startup"] = json.loads(suf.read_text()) if suf.exists() else {}
     res["guest_seconds"] = r.total_seconds
@@ -347,7 +368,7 @@ def main() -> int:
         res["bookkeeping"] = json.loads(bkf.read_text())
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
     md = (table(res) + dp_extra(res) + scale_table(res) + cp_table(cp) + storm_table(res["loginstorm"])
-          + service_table(res["servicestorm"])
+          + service_table(res["servicestorm"]) + livemove_table(res["livemove"])
           + startup_table(res["startup"]) + bookkeeping_table(res.get("bookkeeping", {})))
     png = out / f"{stamp}.png"
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"

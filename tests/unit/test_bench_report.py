@@ -112,3 +112,16 @@ def test_the_bookkeeping_rows_show_each_operation_per_n_and_code():
     assert "| own-tunnel | 10,000 | abc1234 | 175.90 | 138.30 | 164.50 | - |" in md
     assert "| own-tunnel | 10,000 | this tree | 10.10 | 1.00 | 9.70 | 0.090 |" in md
     assert _run_module().bookkeeping_table({}) == ""
+
+
+def test_the_live_move_rows_show_each_runs_ratio_and_a_failed_run_as_failed():
+    run = _run_module()
+    lm = {"runs": [{"moved": True, "moved_after_serving_s": 1.3, "pty_mbps": 17.6, "kernel_mbps": 479.2,
+                    "ratio": 27.2, "zero_intervals": 0},
+                   {"moved": False, "moved_after_serving_s": 60.0, "zero_intervals": 3},
+                   {"error": "RuntimeError: pipexctl serve did not start"}]}
+    md = run.livemove_table(lm)
+    assert "| 1 | 1.30 | 17.6 | 479.2 | 27.2 | 0 |" in md
+    assert "| 2 | failed: not moved within 60 s |" in md
+    assert "| 3 | failed: RuntimeError: pipexctl serve did not start |" in md
+    assert run.livemove_table({}) == ""

@@ -104,14 +104,19 @@ def scale_table(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _head(title: str, cols: list[str]) -> list[str]:
+    """The first lines of a titled markdown table."""
+    return ["", title, "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+
 def storm_table(st: dict) -> str:
     rows = st.get("rows") or []
     if not rows:
         return ""
-    out = ["", "Login storm (`bench/loginstorm.py`): K calls dialled at once, one per LAC namespace, against one "
-           "LNS; the LACs in xl2tpd's kernel mode in both rounds:", "",
-           "| K | (c) kernel mode: all up, s | (d) pipexctl: all up and offloaded, s | d / c (target <= 1.2) "
-           "| request -> channel p50 / p99 / max ms (n) |", "|---|---|---|---|---|"]
+    out = _head("Login storm (`bench/loginstorm.py`): K calls dialled at once, one per LAC namespace, against one "
+                "LNS; the LACs in xl2tpd's kernel mode in both rounds:",
+                ["K", "(c) kernel mode: all up, s", "(d) pipexctl: all up and offloaded, s", "d / c (target <= 1.2)",
+                 "request -> channel p50 / p99 / max ms (n)"])
     by = {(r["k"], r["case"]): r for r in rows}
     with_c = {r["k"] for r in rows if r.get("case") == "c-xl2tpd-kernel"}
     for k in sorted(with_c or {r["k"] for r in rows}):  # the scrape rows' K has no (c)
@@ -235,11 +240,11 @@ def service_table(ss: dict) -> str:
     rows = ss.get("rounds") or []
     if not rows:
         return ""
-    out = ["", "The offload service alone (`bench/servicestorm.py`): K offload requests at once, each call in a "
-           "tunnel of its own, real kernel, no xl2tpd or pppd; then K one after another; then every tunnel "
-           "dropped (as when xl2tpd drops them):", "",
-           "| K | mode | all done, s | request p50 / p99 ms | of it: lock wait p50, build p50, state file p50 ms "
-           "| K tunnels dropped, s |", "|---|---|---|---|---|---|"]
+    out = _head("The offload service alone (`bench/servicestorm.py`): K offload requests at once, each call in a "
+                "tunnel of its own, real kernel, no xl2tpd or pppd; then K one after another; then every tunnel "
+                "dropped (as when xl2tpd drops them):",
+                ["K", "mode", "all done, s", "request p50 / p99 ms",
+                 "of it: lock wait p50, build p50, state file p50 ms", "K tunnels dropped, s"])
     for r in rows:
         if not r.get("n"):
             out.append(f"| {r['k']} | {r['mode']} | failed: {r.get('errors')} | | | |")
@@ -252,20 +257,18 @@ def service_table(ss: dict) -> str:
 
 def livemove_table(lm: dict) -> str:
     """bench/livemove.py's rows: one call moved from its pty into the kernel while a transfer runs."""
-    runs = lm.get("runs") or []
-    if not runs:
-        return ""
-    out = ["", "The live move (`bench/livemove.py`): one call on its pty on both sides, an iperf3 transfer on it, "
-           "then the daemons started and the call moved while it runs (target: kernel at least 10x the pty):", "",
-           "| run | moved after the daemons accepted, s | pty Mbit/s | kernel Mbit/s | ratio "
-           "| seconds without data |", "|---|---|---|---|---|---|"]
-    for i, r in enumerate(runs, 1):
+    lines = []
+    for i, r in enumerate(lm.get("runs") or [], 1):
         if r.get("error") or not r.get("moved"):
-            out.append(f"| {i} | failed: {r.get('error') or 'not moved within 60 s'} | | | | |")
-            continue
-        out.append(f"| {i} | {r['moved_after_serving_s']:.2f} | {r.get('pty_mbps')} | {r.get('kernel_mbps')} "
-                   f"| {r.get('ratio', '-')} | {r['zero_intervals']} |")
-    return "\n".join(out) + "\n"
+            lines.append(f"| {i} | failed: {r.get('error') or 'not moved within 60 s'} | | | | |")
+        else:
+            lines.append(f"| {i} | {r['moved_after_serving_s']:.2f} | {r.get('pty_mbps')} | {r.get('kernel_mbps')} "
+                         f"| {r.get('ratio', '-')} | {r['zero_intervals']} |")
+    head = _head("The live move (`bench/livemove.py`): one call on its pty on both sides, an iperf3 transfer on it, "
+                 "then the daemons started and the call moved while it runs (target: kernel at least 10x the pty):",
+                 ["run", "moved after the daemons accepted, s", "pty Mbit/s", "kernel Mbit/s", "ratio",
+                  "seconds without data"])
+    return "\n".join(head + lines) + "\n" if lines else ""
 
 
 def plot(res: dict, cp: dict, path: Path) -> bool:

@@ -27,7 +27,7 @@ from . import uapi
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 # the same libc, called without giving up the GIL: a live move's connect and
 # the ioctls that put its channel under pppd's unit run with no other thread
-# of the daemon in between (what the session receives meanwhile is dropped)
+# of the daemon in between (what arrives meanwhile waits on the channel)
 _libc_held = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 

@@ -230,18 +230,23 @@ class Relay:
                 self._target = (now, xl2tpd_address(self.l2tp_port))
         return self._target[1]
 
+    @staticmethod
+    def _known_tunnel_dest(target: Optional[str], port: int) -> tuple[str, int]:
+        """Where a known tunnel's packet goes: xl2tpd's address, or loopback
+        when xl2tpd listens on every address (or its address is unknown)."""
+        return ("127.0.0.1" if target in (None, "0.0.0.0") else target, port)
+
     def pass_frames(self, tunnel_id: int, session_id: int, frames: list[bytes]) -> int:
         """Hand PPP frames (protocol field on) to xl2tpd as the call's L2TPv2
         data packets, as the peer sent them: a live move's session received
         them before its channel was under pppd's unit, and xl2tpd carries
         them to pppd over the pty.  Returns how many were sent."""
-        target = self._xl2tpd_address()
+        dest = self._known_tunnel_dest(self._xl2tpd_address(), self.l2tp_port)
         head = struct.pack("!HHH", 0x0002, tunnel_id, session_id) + b"\xff\x03"  # version 2, no L/S/O bits
         sent = 0
         for frame in frames:
             try:
-                self.out.sendto(head + frame, ("127.0.0.1" if target in (None, "0.0.0.0") else target,
-                                               self.l2tp_port))
+                self.out.sendto(head + frame, dest)
                 sent += 1
             except OSError as e:
                 self.errors += 1
@@ -253,7 +258,7 @@ class Relay:
         target = self._xl2tpd_address()
         try:
             if l2tp_tunnel_id(data) != 0:
-                self.out.sendto(data, ("127.0.0.1" if target in (None, "0.0.0.0") else target, self.l2tp_port))
+                self.out.sendto(data, self._known_tunnel_dest(target, self.l2tp_port))
             elif target == "0.0.0.0" and self.raw is not None:
                 self.raw.sendto(udp_packet((peer, peer_port), ("127.0.0.1", self.l2tp_port), data), ("127.0.0.1", 0))
             else:

@@ -148,7 +148,6 @@ class _NullChannel:
         self.backend, self.tunnel_id, self.session_id, self.index = backend, tunnel_id, session_id, index
         self.made = backend._made.get((tunnel_id, session_id))
         self.closed = False
-        self.unit: Optional[int] = None  # the ppp unit it was put under (ppp_connect's unit)
         self.early: list[bytes] = []
 
     def fileno(self) -> int:
@@ -262,7 +261,6 @@ class NullBackend(KernelBackend):
             except errors.PipexError:
                 ch.close()  # as the kernel: the connected socket closed, its session goes
                 raise
-            ch.unit = unit
         return ch
 
     def close(self) -> None:

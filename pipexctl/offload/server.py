@@ -479,7 +479,7 @@ class OffloadServer:
         timing: dict[str, float] = {}
         try:
             ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing, moved=move,
-                                unit=unit if move else None)
+                                unit=unit)
         except (errors.PipexError, OSError) as e:
             svc.failed(e, pid)
             log.warning("offload of call %d (pppd %d) failed: %s", call.call_id, pid, e)

@@ -903,11 +903,11 @@ def offload_move(call_id: Optional[int], tunnel_id: Optional[int], all_calls: bo
     """Move running calls into the kernel, or back to their pty (--undo).
 
     Without renegotiation: each call's pppd (pipexctl.so) swaps the channel
-    under its ppp unit. It works for calls that began on their pty (the
-    plugin keeps a control link to `pipexctl serve`); a call offloaded at
-    pppd's start gave its pty to the daemon and cannot go back. Move calls
-    back before stopping the daemon for good: while it runs, calls on their
-    ptys are moved in again only when asked (or by a new daemon).
+    under its ppp unit, over the control link the plugin keeps to `pipexctl
+    serve`, whether the call was offloaded at pppd's start or began on its
+    pty. Move calls back before stopping the daemon for good: while it
+    runs, calls on their ptys are moved in again only when asked (or by a
+    new daemon).
 
     \b
     Examples:
@@ -935,15 +935,16 @@ def offload_move(call_id: Optional[int], tunnel_id: Optional[int], all_calls: bo
 
 
 def _raise_fd_limit() -> None:
-    """The soft fd limit up to the hard one: the daemon holds a pty, a pidfd
-    and a share of a tunnel socket per offloaded call (1024 is ~300 calls)."""
+    """The soft fd limit up to the hard one: the daemon holds a pty, a pidfd,
+    a control link and a share of a tunnel socket per offloaded call (1024
+    is ~250 calls)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if hard < 8192:
         logging.getLogger("pipexctl.serve").warning(
             "open files limited to %d: about %d offloaded calls at most (LimitNOFILE=65536 in the unit)",
-            hard, hard // 3)
+            hard, hard // 4)
 
 
 def main() -> None:

@@ -19,7 +19,9 @@
  * there as the session was made, so the peer's frames reach pppN from
  * then on), the plugin detaches the pty's channel (PPPIOCDISCONN) and pppd
  * sends down the kernel's: LCP, IPCP and the unit (pppN, its addresses)
- * stay as they are.
+ * stay as they are.  The same timer keeps a control link to the daemon,
+ * over which the daemon may ask for any call, however it began, to be moved
+ * back to its pty (for maintenance) and into the kernel again.
  *
  * Options (one table, below):
  *   pipexctl_socket PATH   the daemon's socket (default /run/pipexctl/serve.sock)
@@ -43,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <termios.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -112,6 +115,7 @@ static int px_fd = -1;			/* the PPPoL2TP socket */
 static int px_tunnel_fd = -1;		/* a copy of the tunnel's UDP socket */
 static int px_nokernel;			/* errno of the PPPoL2TP probe at load (0: fine) */
 static int px_pty_chan = -1;		/* after a live move: the pty's channel, detached */
+static int px_tty = -1;			/* offloaded at pppd's start: the pty, kept for a move back */
 
 /* Read the whole reply line and the (up to two) fds that came with it. */
 static int px_recv(int s, char *buf, size_t len, int fds[2])
@@ -531,25 +535,70 @@ static int px_swap(int sock, int joined, char *why, size_t whylen)
 	return 0;
 }
 
+/* A call offloaded at pppd's start never had a pty channel: make one as
+ * pppd's tty channel would have, the pty raw under PPP's async line
+ * discipline, sending with the ACCM the peer asked for.  Returns its
+ * /dev/ppp channel file (not under the unit), or -1 and why with the pty
+ * left as it was. */
+static int px_pty_attach(char *why, size_t whylen)
+{
+	struct termios t;
+	int disc = N_PPP, tty_disc = N_TTY, idx, fd = -1;
+	int accm = lcp_hisoptions[0].neg_asyncmap ? (int)lcp_hisoptions[0].asyncmap : -1;
+	int mru = lcp_gotoptions[0].neg_mru ? lcp_gotoptions[0].mru : PPP_MRU;
+
+	if (tcgetattr(px_tty, &t) == 0) {
+		cfmakeraw(&t);
+		tcsetattr(px_tty, TCSANOW, &t);
+	}
+	if (ioctl(px_tty, TIOCSETD, &disc) < 0) {
+		snprintf(why, whylen, "cannot put the pty under PPP's line discipline: %s", strerror(errno));
+		return -1;
+	}
+	if (ioctl(px_tty, PPPIOCGCHAN, &idx) < 0 ||
+	    (fd = open("/dev/ppp", O_RDWR | O_CLOEXEC | O_NONBLOCK)) < 0 ||
+	    ioctl(fd, PPPIOCATTCHAN, &idx) < 0 ||
+	    ioctl(fd, PPPIOCSASYNCMAP, &accm) < 0 ||
+	    (mru > PPP_MRU && ioctl(fd, PPPIOCSMRU, &mru) < 0)) {
+		snprintf(why, whylen, "cannot make the pty's channel: %s", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		ioctl(px_tty, TIOCSETD, &tty_disc);
+		return -1;
+	}
+	return fd;
+}
+
 /* kernel -> pty, on the daemon's word: the pty's channel back under the
  * unit, then the session's socket closed (the kernel deletes the session;
  * what the peer sends for it goes to xl2tpd again, through the daemon's
  * relay while the tunnel stays). */
 static int px_unmove(char *why, size_t whylen)
 {
-	int kern;
+	int kern, made = 0, tty_disc = N_TTY;
 
 	if (px_fd < 0) {
 		snprintf(why, whylen, "the call is not in the kernel");
 		return -1;
 	}
 	if (px_pty_chan < 0) {
-		snprintf(why, whylen, "offloaded at pppd's start: its pty is the daemon's");
-		return -1;
+		if (px_tty < 0) {
+			snprintf(why, whylen, "offloaded at pppd's start with no pty to go back to");
+			return -1;
+		}
+		if ((px_pty_chan = px_pty_attach(why, whylen)) < 0)
+			return -1;
+		made = 1;
 	}
 	kern = px_switch(px_pty_chan, 0, why, whylen);
-	if (kern < 0)
+	if (kern < 0) {
+		if (made) {	/* the pty back as it was, for the daemon's drain */
+			close(px_pty_chan);
+			px_pty_chan = -1;
+			ioctl(px_tty, TIOCSETD, &tty_disc);
+		}
 		return -1;
+	}
 	px_pty_chan = -1;
 	close(kern);
 	close(px_fd);
@@ -599,8 +648,8 @@ static int px_move(char *why, size_t whylen)
 }
 
 /* ---- the control link: a connection the daemon keeps to this pppd for the
- * call's life (a call that began on its pty), over which it may ask for a
- * move back to the pty ("undo") or forward again ("move").  Read by the
+ * call's life, over which it may ask for a move back to the pty ("undo") or
+ * forward again ("move").  Read by the
  * timer below, without blocking; reopened after a daemon restart. */
 
 static int px_link = -1;
@@ -709,8 +758,14 @@ static long px_now(void)
 	return t.tv_sec;
 }
 
-/* pppd's timer for a call that began on its pty, every pipexctl_move
- * seconds for its life: keep the control link and act on it; while the call
+/* While there is nothing to ask for (the call in the kernel, or held on its
+ * pty), the timer only reads the control link: every 5 s rather than every
+ * second in each of thousands of offloaded pppds (the operator's move waits
+ * 15 s for the plugins' answers). */
+#define PX_LINK_EVERY 5
+
+/* pppd's timer, every pipexctl_move seconds for the call's life (however it
+ * began): keep the control link and act on it; while the call
  * is on its pty (and the daemon did not move it back), ask to be moved once
  * LCP is up: again at the next tick while no daemon answers, and after a
  * refusal at growing intervals (5 s to 5 minutes), so that thousands of pty
@@ -721,10 +776,12 @@ static void px_tick(void *arg)
 	static int backoff, no_pfc;
 	static long next;
 	char why[320];
-	int r;
+	int r, quiet = px_fd >= 0 || px_hold || no_pfc;
 
 	(void)arg;
-	PX_TIMEOUT(px_tick, NULL, px_move_every, 0);
+	if (px_link_refused)
+		return;	/* the daemon will never take this pppd: no more ticks */
+	PX_TIMEOUT(px_tick, NULL, quiet && px_move_every < PX_LINK_EVERY ? PX_LINK_EVERY : px_move_every, 0);
 	if (lcp_fsm[0].state != OPENED)
 		return;
 	if (!px_link_refused) {
@@ -811,8 +868,14 @@ static void px_check_options(void)
 	if (px_nokernel)
 		snprintf(why, sizeof(why), "kernel has no PPPoL2TP (modprobe l2tp_ppp): %s", strerror(px_nokernel));
 	else if (px_request(why, sizeof(why)) == 0) {
+		/* the pty stays open here too (the daemon drains it): the way
+		 * back to it, should the daemon ask over the control link */
+		if (isatty(0))
+			px_tty = fcntl(0, F_DUPFD_CLOEXEC, 3);
 		px_release_pty();
 		px_no_compression();
+		if (px_move_every)
+			PX_TIMEOUT(px_tick, NULL, px_move_every, 0);
 		return;
 	}
 	if (px_required)
@@ -886,6 +949,8 @@ static void px_close(void)
 		close(px_tunnel_fd);
 	if (px_pty_chan >= 0)
 		close(px_pty_chan);
+	if (px_tty >= 0)
+		close(px_tty);
 	if (px_link >= 0)
 		close(px_link);
 }

@@ -329,8 +329,7 @@ class OffloadServer:
             link = self.links.get(pid)
             name = f"{tc[0]}/{tc[1]}"
             if link is None:
-                failed[name] = ("no control link (offloaded at its start: its pty is the daemon's)" if to_pty
-                                else "no control link (a plugin without the live move, or pipexctl_move 0)")
+                failed[name] = "no control link (a plugin without the live move, or pipexctl_move 0)"
                 continue
             try:
                 link.sendall(b'{"op": "undo"}\n' if to_pty else b'{"op": "move"}\n')

@@ -388,6 +388,25 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def pty_fds(pid: int) -> list[str]:
+    """The ptys a pppd talks on: its fds on a /dev/pts, leaving out the one
+    copy the plugin keeps of a pty it gave the daemon at pppd's start
+    (above stderr, close-on-exec, never read: the way back for a move to
+    the pty)."""
+    fds = {}
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{f}")
+            if target.startswith("/dev/pts/"):
+                with open(f"/proc/{pid}/fdinfo/{f}") as fh:
+                    flags = int(re.search(r"^flags:\s+(\d+)", fh.read(), re.M)[1], 8)  # type: ignore[index]
+                fds[int(f)] = (target, flags)
+        except OSError:  # closed meanwhile
+            continue
+    kept = [f for f, (_, flags) in fds.items() if f > 2 and flags & os.O_CLOEXEC][:1]
+    return [t for f, (t, _) in sorted(fds.items()) if f not in kept]
+
+
 def fd_kinds(pid: int) -> dict[str, int]:
     """A process's open fds by kind ("socket", "pipe", "/dev/pts/*", "anon_inode:...", paths)."""
     inodes: dict[str, str] = {}  # socket inode -> protocol, from the process's /proc/net tables

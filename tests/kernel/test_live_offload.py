@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 
 from pipexctl.testing.ipsec import esp, wire_counter, wire_counts, xfrm_stat
-from pipexctl.testing.lab import PPP_OPTS_STOCK, Lab, iperf_server, plugin_options
+from pipexctl.testing.lab import PPP_OPTS_STOCK, Lab, iperf_server, plugin_options, pty_fds
 
 from .conftest import ip_l2tp, wait_until
+from .test_offload import cpu_ticks
 
 pytestmark = pytest.mark.kernel
 
@@ -434,3 +435,76 @@ def test_a_moved_call_survives_a_daemon_restart_and_its_link_comes_back(make_lab
     r = subprocess.run(["ip", "netns", "exec", l1.ns, "ping", "-c", "5", "-i", "0.2", "-W", "3", LNS_ADDR],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-600:]
+
+
+def test_a_call_offloaded_at_pppds_start_goes_back_to_its_pty_and_in_again(make_lab):
+    """A call offloaded at pppd's start (the daemon ran before it) never had
+    a pty channel: on `--undo` the plugin puts the pty it kept under PPP's
+    line discipline, that channel under the unit, and closes the session's
+    socket; xl2tpd carries the call again.  `move --call` moves it in again.
+    Then the operator removes pipexctl: a second undo, the daemon stopped;
+    the call runs on, on its pty, and xl2tpd does not spin on it.  A ping
+    at 10/s runs across the switches; no LCP/IPCP renegotiation."""
+    lab = make_lab(1, lac_extra_pppd="")
+    l1 = lab.lacs[0]
+    lab.start_all(plugin_options(required=True) + "debug\n")
+    sock = lab.serve_socket(lab.lns)
+    srv = lab.serve(lab.lns)
+    lab.connect(l1)
+    wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", detail=lab.tails)
+    log = lab.lns.dir / "pppd.log"
+    (pppd,) = lab.pppds(lab.lns)
+    assert "kernel channel for tunnel" in log.read_text() and "call moved" not in log.read_text()
+    assert pty_fds(pppd) == [] and len(ip_l2tp(lab.lns.ns, "session")) == 1  # offloaded at its start
+    wait_until(lambda: "control link to" in log.read_text(), "the plugin's control link", timeout=30,
+               detail=lab.tails)
+    before = negotiations(log.read_text())
+    ping = subprocess.Popen(["ip", "netns", "exec", l1.ns, "ping", "-D", "-i", "0.1", "-c", "450", "-W", "2",
+                             LNS_ADDR], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
+    switched = []
+
+    def undo() -> None:
+        t0 = time.time()
+        r = pipexctl(lab.lns.ns, "offload", "move", "--all", "--undo", "--socket", sock)
+        switched.append((t0, time.time()))
+        assert r.returncode == 0 and "moved to the pty: call" in r.stdout, r.stdout + r.stderr + lab.tails()
+        assert ip_l2tp(lab.lns.ns, "session") == [] == ip_l2tp(lab.lns.ns, "tunnel")
+
+    undo()
+    st = lab.serve_status(lab.lns)
+    (c,) = st["calls"]
+    assert c["path"] == "pty" and st["stats"]["removed"] == 1, st
+    assert pty_fds(pppd) == []  # pppd's pty is its channel now, not its stdio
+    carried = status_lns_bytes(lab)
+    time.sleep(3)
+    assert status_lns_bytes(lab) > carried  # the ping goes through xl2tpd again
+    assert ip_l2tp(lab.lns.ns, "session") == []  # and stays there: the plugin holds on its pty
+    t0 = time.time()
+    r = pipexctl(lab.lns.ns, "offload", "move", "--call", str(c["call_id"]), "--socket", sock)
+    switched.append((t0, time.time()))
+    assert r.returncode == 0 and "moved into the kernel: call" in r.stdout, r.stdout + r.stderr + lab.tails()
+    assert len(ip_l2tp(lab.lns.ns, "session")) == 1
+    carried = status_lns_bytes(lab)
+    time.sleep(2)
+    assert status_lns_bytes(lab) == carried  # the kernel carries it again
+    # the operator removes pipexctl: every call back to its pty, the daemon stopped
+    undo()
+    srv.send_signal(signal.SIGTERM)
+    srv.wait(60)
+    assert ip_l2tp(lab.lns.ns, "session") == [] == ip_l2tp(lab.lns.ns, "tunnel")
+    ticks = cpu_ticks(lab.lns.proc.pid)
+    time.sleep(3)
+    assert cpu_ticks(lab.lns.proc.pid) - ticks < 30, "xl2tpd spins on its pty master"  # a busy loop is ~300
+    ping_out, _ = ping.communicate(timeout=90)
+    near, far = lost_near(ping_out, switched)
+    print("a call offloaded at its start, moved:", json.dumps(
+        {"ping_lost_at_switches": near, "ping_lost_elsewhere": far,
+         "commands_s": [round(b - a, 1) for a, b in switched]}))
+    assert near <= 3, (near, far, ping_out[-800:])  # one per switch at most; losses elsewhere are reported
+    assert negotiations(log.read_text()) == before  # no renegotiation either way
+    r = subprocess.run(["ip", "netns", "exec", l1.ns, "ping", "-c", "5", "-i", "0.2", "-W", "3", LNS_ADDR],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-600:]  # still up, on its pty, with no daemon
+    lab.disconnect(l1)
+    wait_until(lambda: lab.pppds(lab.lns) == [], "the call ended by its own end", timeout=60, detail=lab.tails)

@@ -20,7 +20,7 @@ import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
 from pipexctl.offload.client import ask
-from pipexctl.testing.lab import Lab, iperf_received, plugin_path
+from pipexctl.testing.lab import Lab, iperf_received, plugin_path, pty_fds
 from pipexctl.testing.probe import ip_json, ppp_peer_addrs
 
 from .conftest import TWINS_STEERED, ip_l2tp, wait_until
@@ -44,11 +44,6 @@ def ping(ns, addr, count=5, size=56):
     r = subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", str(count), "-i", "0.2", "-s", str(size), "-W", "3",
                         addr], capture_output=True, text=True)
     return r.returncode == 0, r.stdout
-
-
-def pty_fds(pid):
-    return [os.readlink(f"/proc/{pid}/fd/{f}") for f in os.listdir(f"/proc/{pid}/fd")
-            if os.readlink(f"/proc/{pid}/fd/{f}").startswith("/dev/pts")]
 
 
 def cpu_ticks(pid):
@@ -100,7 +95,7 @@ def test_offload_both_sides(lab):
     (ls,) = [s for s in ip_l2tp(lab.lns.ns, "session")]
     (cs,) = [s for s in ip_l2tp(l1.ns, "session")]
     assert (ls["session_id"], ls["peer_session_id"]) == (cs["peer_session_id"], cs["session_id"])
-    # pppd holds no pty ...
+    # pppd talks on no pty (the plugin keeps a copy, unread, for a move back) ...
     for pid in lab.pppds(lab.lns) + lab.pppds(l1):
         assert pty_fds(pid) == [], pid
     # ... and xl2tpd does not spin on its pty master (it did, at ~97 % of a CPU,
@@ -300,7 +295,7 @@ def test_restarted_daemon_adopts_running_sessions(lab):
     ok, out = ping(l1.ns, "10.99.100.1", count=10, size=1200)
     assert ok, out
     # the new daemon holds the call's pty again (by its recorded path): pppd
-    # holds none, and xl2tpd does not spin on its master end
+    # talks on none, and xl2tpd does not spin on its master end
     assert pty_fds(pid) == []
     t0 = cpu_ticks(lab.lns.proc.pid)
     time.sleep(2)

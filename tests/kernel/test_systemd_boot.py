@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from pipexctl.discovery.control import write_request
+from pipexctl.testing.lab import pty_fds
 
 from .conftest import wait_until
 
@@ -163,8 +164,7 @@ def test_quickstart_deb_on_a_systemd_boot_offloads_a_call_and_survives_a_daemon_
         # alone (the LNS's "Call established ... PID:" line), on the kernel channel
         pid = lns_pppds()
         assert len(pid) == 1, (pid, state())
-        assert not [f for f in os.listdir(f"/proc/{pid[0]}/fd") if os.readlink(f"/proc/{pid[0]}/fd/{f}")
-                    .startswith("/dev/pts")], "the LNS pppd still holds its pty"
+        assert not pty_fds(pid[0]), "the LNS pppd still talks on its pty"
         ok, text = ping()
         assert ok, text + state()
         wait_until(lambda: "offloaded in" in journal("-u", "pipexctl"), "the daemon's 'offloaded' record",
@@ -305,8 +305,7 @@ def test_two_xl2tpd_in_one_journal_each_keep_their_own_calls(tmp_path):
         wait_until(lambda: ppp_up_root() and l2tp("session") == 1, "the LNS call up and offloaded", timeout=120,
                    detail=detail)
         (pppd,) = lns_pppds()
-        assert not [f for f in os.listdir(f"/proc/{pppd}/fd") if os.readlink(f"/proc/{pppd}/fd/{f}")
-                    .startswith("/dev/pts")], "the LNS pppd still holds its pty"
+        assert not pty_fds(pppd), "the LNS pppd still talks on its pty"
         ok, text = ping()
         assert ok, text + detail()
 

@@ -24,7 +24,7 @@ int generic_establish_ppp(int fd) { (void)fd; return -1; }
 void generic_disestablish_ppp(int fd) { (void)fd; }
 char ifname[MAXIFNAMELEN];
 struct channel *the_channel;
-lcp_options lcp_wantoptions[NUM_PPP], lcp_allowoptions[NUM_PPP], lcp_gotoptions[NUM_PPP];
+lcp_options lcp_wantoptions[NUM_PPP], lcp_allowoptions[NUM_PPP], lcp_gotoptions[NUM_PPP], lcp_hisoptions[NUM_PPP];
 fsm lcp_fsm[NUM_PPP];
 void timeout(void (*f)(void *), void *arg, int s, int us) { (void)f; (void)arg; (void)s; (void)us; }
 ipcp_options ipcp_wantoptions[NUM_PPP], ipcp_allowoptions[NUM_PPP];

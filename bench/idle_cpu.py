@@ -1,8 +1,10 @@
 """What a quiet `pipexctl serve` costs: CPU ticks and wake-ups (context
 switches) of the two daemons (LNS, LAC) holding one offloaded call, over
 60 s with no traffic, once with the default options and once with the
-/proc and kernel scans off (--reconcile-interval 3600).  Not a test: it
-prints figures.  Run it in the guest:
+/proc and kernel scans off (--reconcile-interval 3600); and the wake-ups
+of the call's two pppds (the plugin's timer, which reads the control link,
+and pppd's own LCP echoes).  Not a test: it prints figures.  Run it in the
+guest:
 
     .venv/bin/python -m pipexctl.testing.vm -- .venv/bin/python bench/idle_cpu.py
 """
@@ -46,12 +48,14 @@ def main() -> None:
             assert wait_ppp(lab.lns.ns) and wait_ppp(lac.ns)
             time.sleep(8)  # past the 5 s of activity after the call's events
             pids = [p.pid for p in lab.serves]
-            t0, c0, w0 = [ticks(p) for p in pids], [switches(p) for p in pids], time.monotonic()
+            pppds = lab.pppds(lab.lns) + lab.pppds(lac)
+            t0, c0, w0 = [ticks(p) for p in pids], [switches(p) for p in pids + pppds], time.monotonic()
             time.sleep(60)
             dt = time.monotonic() - w0
+            woke = [round((switches(p) - a) / dt, 2) for p, a in zip(pids + pppds, c0)]
             print(" ".join(extra) or "defaults", "| CPU ticks a minute (LNS, LAC):",
                   [round((ticks(p) - a) * 60 / dt) for p, a in zip(pids, t0)],
-                  "| wake-ups a second:", [round((switches(p) - a) / dt, 1) for p, a in zip(pids, c0)], flush=True)
+                  "| wake-ups a second:", woke[:2], "| their pppds' wake-ups a second:", woke[2:], flush=True)
         finally:
             lab.teardown()
 

@@ -12,6 +12,8 @@ Two rounds per K, in one boot:
   to back for the whole storm: what a scrape loop costs the offloads
   (both (d) and (s) run with `--metrics`, so the only difference is the
   scraping).
+- (n) as (d), with `pipexctl_move 0`: no plugin timer, so no control link
+  per call: what the links cost a storm.
 The LACs run xl2tpd's kernel mode in every round, so their cost is the same.
 Not a test: it asserts nothing.
 
@@ -62,12 +64,12 @@ def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
                 time.sleep(0.05)
 
 
-def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "") -> dict:
+def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "", pppd_extra: str = "") -> dict:
     lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="")
     stop, scrapes = threading.Event(), [0, 0]
     try:
         lab.setup(k)
-        lab.start_all(plugin_options() + "pipexctl_timeout 60\n" if offload else "")
+        lab.start_all(plugin_options() + "pipexctl_timeout 60\n" + pppd_extra if offload else "")
         if offload:
             lab.serve_all([lab.lns], "--wait", "60", "--metrics", f"127.0.0.1:{METRICS_PORT}")
         if scrape:
@@ -117,14 +119,16 @@ def main() -> int:
     p.add_argument("--k", default="25,100", help="comma-separated numbers of calls dialled at once (at most 153)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--cases", default="c,d", help="comma-separated, in this order: c (kernel mode), d (pipexctl), "
-                   "s (pipexctl under a scrape loop); a case named twice runs twice")
+                   "s (pipexctl under a scrape loop), n (pipexctl, no control links); a case named twice runs twice")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
     rows = []
     for k in (int(x) for x in a.k.split(",") if x):
         for n, case in enumerate(a.cases.split(",")):
-            r = storm(k, case != "c", a.timeout, scrape=case == "s", tag=f"-{case}{n}")
-            r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped"}[case]
+            r = storm(k, case != "c", a.timeout, scrape=case == "s", tag=f"-{case}{n}",
+                      pppd_extra="pipexctl_move 0\n" if case == "n" else "")
+            r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped",
+                         "n": "n-pipexctl-no-links"}[case]
             rows.append(r)
             print(json.dumps(r), flush=True)
     Path(a.out).write_text(json.dumps({"kernel": os.uname().release, "rows": rows}, indent=1))

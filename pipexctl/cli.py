@@ -859,8 +859,9 @@ def _offload_apply(xl2tpd_conf: str, options_files: tuple[str, ...], want: Optio
 @click.option("--required", is_flag=True, help="pppd fails instead of staying on its pty (pipexctl_required).")
 @click.option("--timeout", type=click.IntRange(1, 60), help="Seconds pppd waits for the daemon (pipexctl_timeout).")
 @click.option("--move", type=click.IntRange(0, 3600), metavar="SECS",
-              help="A call left on its pty asks to move into the kernel every SECS seconds; 0: never "
-                   "(pipexctl_move; the plugin's default is 1).")
+              help="A call left on its pty asks to move into the kernel every SECS seconds; 0: never, "
+                   "and no control link, so no call moves back to its pty either (pipexctl_move; the "
+                   "plugin's default is 1).")
 def offload_enable(xl2tpd_conf: str, options_files: tuple[str, ...], dry_run: bool, as_json: bool, socket_path: str,
                    required: bool, timeout: Optional[int], move: Optional[int]) -> None:
     """Add (or update) the plugin block.

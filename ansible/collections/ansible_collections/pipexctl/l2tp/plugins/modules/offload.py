@@ -45,8 +45,8 @@ options:
   move:
     type: int
     description:
-      - A call left on its pty asks to be moved into the kernel every this many seconds, 0 to 3600; 0 never
-        (C(pipexctl_move); the plugin's default is 1).
+      - A call left on its pty asks to be moved into the kernel every this many seconds, 0 to 3600; 0 never,
+        and no control link, so no call moves back to its pty either (C(pipexctl_move); the plugin's default is 1).
   state:
     type: str
     default: present

@@ -784,12 +784,10 @@ static void px_tick(void *arg)
 	PX_TIMEOUT(px_tick, NULL, quiet && px_move_every < PX_LINK_EVERY ? PX_LINK_EVERY : px_move_every, 0);
 	if (lcp_fsm[0].state != OPENED)
 		return;
-	if (!px_link_refused) {
-		if (px_link < 0)
-			px_link_open();
-		if (px_link >= 0)
-			px_link_read();
-	}
+	if (px_link < 0)
+		px_link_open();
+	if (px_link >= 0)
+		px_link_read();
 	if (px_fd >= 0 || px_hold || no_pfc || px_link_refused || (!px_asap && px_now() < next))
 		return;
 	px_asap = 0;

@@ -455,6 +455,12 @@ def status(socket_path: str, as_json: bool) -> None:
     click.echo(f"offloads: {s['offloaded']} made ({s['moved']} moved from their pty while running), "
                f"{s['removed']} ended, {s['refused']} refused, {s['failed']} failed, "
                f"{s['adopted']} adopted at restarts")
+    doubtful = [(s.get(k, 0), what) for k, what in (
+        ("unchecked_calls", "not checked against xl2tpd's control pipe (it did not answer)"),
+        ("unbarriered_calls", "read from a log without the daemon's barrier line"),
+        ("disputed_calls", "named by two log lines (one forged)"))]
+    if any(n for n, _ in doubtful):
+        click.echo("log trust: " + "; ".join(f"{n} call(s) {what}" for n, what in doubtful if n))
     rows = [[c["instance"], c["role"], c["tunnel_id"] or "?", c["call_id"], c["peer"], c["pppd_pid"] or "?",
              c["path"] + (" (moved)" if c.get("moved") else ""),
              time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(c["since"])) if c.get("since") else "",
@@ -576,7 +582,7 @@ def discovery_options(fn: F) -> F:
 
 
 def _discovery(app: "AppContext", logs: tuple[str, ...], controls: tuple[str, ...], no_proc: bool, no_kernel: bool,
-               identifier: str, follow: bool) -> Discovery:
+               identifier: str, follow: bool, barrier_socket: Optional[str] = None) -> Discovery:
     from .discovery.discovery import Discovery, default_sources
 
     found_logs, found_controls = default_sources()
@@ -585,7 +591,7 @@ def _discovery(app: "AppContext", logs: tuple[str, ...], controls: tuple[str, ..
     if not logs and not controls:
         raise errors.PipexError("no xl2tpd log or control pipe found: give --log and/or --control")
     return Discovery(list(logs), list(controls), proc=not no_proc, kernel=not no_kernel, netns=app.netns,
-                     identifier=identifier, follow=follow)
+                     identifier=identifier, follow=follow, barrier_socket=barrier_socket)
 
 
 def _age(since: float) -> str:
@@ -772,7 +778,8 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                             format="%(asctime)s.%(msecs)03d pipexctl serve: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S")
     _raise_fd_limit()
-    d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True)
+    d = _discovery(app, logs, controls, no_proc, no_kernel, identifier, follow=True,
+                   barrier_socket=defaults.SYSLOG_SOCKET)
     backend = NetlinkBackend(netns=app.netns)
     try:
         datapath = KernelDataPath(xl2tpd_port, netns=app.netns)

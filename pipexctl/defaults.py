@@ -9,6 +9,8 @@ SERVE_SOCKET = "/run/pipexctl/serve.sock"
 XL2TPD_CONTROL = "/var/run/xl2tpd/l2tp-control"
 # L2TP's UDP port, xl2tpd's `port`
 L2TP_PORT = 1701
+# the syslog socket xl2tpd's lines go through: the daemon's log barriers go there too
+SYSLOG_SOCKET = "/dev/log"
 
 # seconds a channel request waits for its call to show in discovery (`pipexctl serve --wait`)
 REQUEST_WAIT = 5.0

@@ -17,13 +17,14 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Literal, Optional, Protocol, Union
 
 from pydantic import ValidationError
 
 from .. import defaults, errors
 from ..kernel.backend import NetlinkBackend
 from . import checkpoint as cpt, logparse as lp, procscan
+from .barrier import LogBarrier
 from .control import Available, ControlClient, ControlError, StatusTunnel
 from .state import CallDown, CallInfo, CallUp, Event, Instance, Tracker, TunnelDown, TunnelInfo, TunnelUp
 
@@ -301,6 +302,7 @@ class Source:
     reader: Optional[LogReader]
     parser: lp.LineParser
     control: Optional[ControlClient] = None
+    barrier: Optional[LogBarrier] = None  # a syslog-written file with a control pipe (barrier.py)
 
 
 # One control pipe's answer (Discovery.fetch_control): its source, when it
@@ -335,7 +337,11 @@ class Discovery:
         netns: Optional[str] = None,
         identifier: str = "xl2tpd",
         follow: bool = False,
+        barrier_socket: Optional[str] = None,
     ) -> None:
+        """``barrier_socket``: the syslog socket (``/dev/log``) to send log
+        barriers to (barrier.py), for each log file with a control pipe; None:
+        no barriers (a one-shot ``discover`` has no request to guard)."""
         self.tracker = Tracker()
         self.tracker.daemon_alive = procscan.is_daemon
         self.sources: list[Source] = []
@@ -348,7 +354,9 @@ class Discovery:
             else:
                 reader = LogFile(spec)
             ctl = ControlClient(controls[i]) if i < len(controls) else None
-            self.sources.append(Source(spec, reader, lp.LineParser(identifier), ctl))
+            # the journal's trusted _PID needs no barrier (and a journalctl filter would not show ours)
+            bar = LogBarrier(barrier_socket) if barrier_socket and ctl and isinstance(reader, LogFile) else None
+            self.sources.append(Source(spec, reader, lp.LineParser(identifier), ctl, bar))
         for spec in controls[len(logs):]:  # control pipes without a log
             self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
         self._backend: Optional[NetlinkBackend] = None
@@ -419,6 +427,8 @@ class Discovery:
                 if getattr(s.reader, "gaps", 0) != gaps:  # lines may be missing: stop trusting counts
                     self.tracker.inst(s.name).serial_anchor = None
                 for line in lines:
+                    if s.barrier is not None:
+                        s.barrier.feed(line)
                     for rec in s.parser.feed(line):
                         ev += self.tracker.apply(s.name, rec)
                 if not getattr(s.reader, "more", False):
@@ -446,6 +456,32 @@ class Discovery:
             return any(cid == call.call_id and peer == call.peer and call.peer_tunnel_id in (None, ptid)
                        for peer, ptid, cid in ls.lns_calls)
         return (call.tunnel_id, call.peer_tunnel_id) in ls.tunnels
+
+    def barrier(self, instance: str) -> Literal["passed", "wait", "absent", "none"]:
+        """Whether every line ``instance``'s xl2tpd wrote before its control
+        pipe's last answer has been read (barrier.py): ``none`` when no
+        barrier applies (no answer yet, the journal, no syslog socket given)."""
+        s = next((s for s in self.sources if instance == s.name or instance.startswith(s.name + "@")), None)
+        ls = self.listed.get(instance)
+        if s is None or s.barrier is None or ls is None:
+            return "none"
+        st = s.barrier.state(ls.asked)
+        self._barrier_note(s)
+        return st
+
+    def probe_barriers(self) -> None:
+        """Send each barrier log its first barrier now (at the daemon's start),
+        so that a log which does not carry them is known before a request
+        would wait for one."""
+        for s in self.sources:
+            if s.barrier is not None:
+                s.barrier.state(time.monotonic())
+                self._barrier_note(s)
+
+    def _barrier_note(self, s: Source) -> None:
+        if s.barrier is not None and s.barrier.note:
+            self.warnings.append(f"{s.name}: {s.barrier.note}")
+            s.barrier.note = None
 
     def has_control(self, instance: str) -> bool:
         return any(s.control is not None and self._control_instance(s).name == instance for s in self.sources)
@@ -773,6 +809,8 @@ class Discovery:
         for s in self.sources:
             if s.reader is not None:
                 s.reader.close()
+            if s.barrier is not None:
+                s.barrier.close()
         if self._backend is not None:
             self._backend.close()
 

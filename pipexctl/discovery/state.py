@@ -61,6 +61,9 @@ class CallInfo:
     path_changed: Optional[float] = None
     since: float = Field(default_factory=time.time)
     sources: list[str] = Field(default_factory=list)
+    # two "Call established" lines named this pppd with other peer ids: one
+    # of them is forged, and which cannot be told (never offloaded then)
+    disputed: bool = False
 
     def key(self) -> tuple[str, int]:
         return (self.instance, self.call_id)
@@ -241,6 +244,7 @@ class Tracker:
         self.instances: dict[str, Instance] = {}
         self.bad_lines = 0
         self.foreign_lines = 0
+        self.disputes = 0  # calls given other peer ids by a second line for the same pppd
         self.notes: list[str] = []  # warnings for the owner to log (Discovery moves them to its warnings)
         # Is this pid (the xl2tpd a stream names) still running?  Discovery
         # answers from /proc (procscan.is_daemon); the pure tracker says no,
@@ -466,6 +470,13 @@ class Tracker:
         # that line completes the call, it does not reuse its id
         listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
                         and old.peer == rec.peer and (tid is None or old.tunnel_id in (None, tid)))
+        if old is not None and not listed_first and (
+                rec.pppd_pid is not None and old.pppd_pid == rec.pppd_pid
+                or rec.pppd_pid is None and old.role == "lac" and old.pppd_pid is None):
+            # xl2tpd writes this line once per call, and a pppd serves one call
+            # for its life: a second line for the same pppd (a LAC's names none:
+            # for a call whose pppd has not shown yet) is no id reuse
+            return self._dispute(old, rec)
         if old is not None and not listed_first:
             ev += self.call_down(ins, rec.call_id, "call id reused")
         elif old is not None and tid is None and old.tunnel_id is not None:
@@ -485,6 +496,18 @@ class Tracker:
         if role == "lac":
             ins.last_lac_call = c.call_id
         return ev + self.call_up(ins, c)
+
+    def _dispute(self, c: CallInfo, rec: lp.CallEstablished) -> list[Event]:
+        """A second ``Call established`` line for call ``c``'s pppd."""
+        if (rec.peer, rec.peer_call_id, rec.serial) == (c.peer, c.peer_call_id, c.serial) or c.disputed:
+            return []  # the same line again, or already disputed
+        c.disputed = True
+        self.disputes += 1
+        self.notes.append(
+            f"{c.instance}: two lines give call {c.call_id} of pppd {c.pppd_pid} other peers (peer call "
+            f"{c.peer_call_id} at {c.peer}, then {rec.peer_call_id} at {rec.peer}): one of them is forged; the call "
+            f"is not offloaded (one offloaded already keeps the ids it was given)")
+        return self._ev(lambda: CallUpdated(call=c.copy(), fields=["disputed"]))
 
     def _on_status_tunnel(self, ins: Instance, instance: str, rec: lp.StatusTunnel, source: str) -> list[Event]:
         ins.status_tunnel = rec.tunnel_id

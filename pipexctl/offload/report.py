@@ -39,7 +39,9 @@ def status(svc: "OffloadService") -> dict[str, Any]:
                          "sessions": sorted(t.records), "holds_socket": t.sock is not None,
                          "pppd_pids": {c: r.pppd_pid for c, r in t.records.items()}}
                         for t in svc.tunnels.values()],
-            "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked},
+            "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked,
+                      "unbarriered_calls": svc.watch.unbarriered,
+                      "disputed_calls": svc.watch.discovery.tracker.disputes},
             "datapath": svc.datapath.stats(),
             "reconcile": svc.last_reconcile,
             "channel_latency_ms": percentiles([x * 1000 for x in svc.latencies_now()]),

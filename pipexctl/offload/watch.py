@@ -108,6 +108,7 @@ class CallWatch:
         self.waiting = 0  # requests inside call_of (under lock)
         self.active = float("-inf")  # monotonic time of the last event or request
         self.unchecked = 0  # calls offloaded on the log's word: the control pipe did not answer
+        self.unbarriered = 0  # calls answered from a log that does not carry the daemon's barrier line
         self._paths: Counter[tuple[Role, DataPath]] = Counter()
         self._asking: Optional[float] = None  # when the control question now out was asked
         self.checkpoint_path = checkpoint_path
@@ -126,6 +127,7 @@ class CallWatch:
                 for line in self.discovery.resume(cp) if cp is not None else []:
                     log.info("discovery: %s", line)
             self.discovery.refresh(events=False)
+            self.discovery.probe_barriers()
             lines = self.discovery.lines_read()
         log.info("discovery: first read of %d log line(s) in %.0f ms", lines, (time.monotonic() - t) * 1000)
 
@@ -196,8 +198,22 @@ class CallWatch:
                 return None, (f"{len(claims)} calls name pppd {pid} (calls "
                               f"{', '.join(str(c.call_id) for c in claims)}): a forged log line?")
             mine = claims[0] if claims else None
+            if mine is not None and mine.disputed:
+                return None, (f"two log lines give call {mine.call_id} of pppd {pid} other peer ids: one of them "
+                              f"is forged, and which cannot be told")
             complete = mine is not None and mine.ids() is not None
             if mine is not None and complete and verdict[id(mine)] is not None:
+                bar = self.discovery.barrier(mine.instance)
+                if bar == "wait":
+                    # xl2tpd's lines up to its answer are still on their way through
+                    # syslog: a second line naming this pppd may be among them
+                    if time.monotonic() < end:
+                        self.polled.wait(min(0.05, max(0.0, end - time.monotonic())))
+                        continue
+                    return None, ("the daemon's syslog line (its log barrier) did not come back in the log in "
+                                  "time: whether a second line names this pppd cannot be told yet")
+                if bar == "absent":
+                    self.unbarriered += 1
                 why = _argv_disagrees(pid, mine)
                 return (None, why) if why else (mine.copy(), "")
             if (mine is not None or refuted) and self._asking is not None and time.monotonic() < end:

@@ -85,6 +85,8 @@ class Lab:
     sections: int = 1  # [lac] sections per LAC, each its own tunnel: "lns", "lns2", ...
     lns_global: str = ""  # extra [global] lines of the LNS's xl2tpd.conf
     lns_env: dict[str, str] = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
+    # extra arguments of the LNS's xl2tpd: ("-l",) logs through syslog (a syslogd must write its log file)
+    lns_args: tuple[str, ...] = ()
     ppp_opts: str = PPP_OPTS_COMMON  # the first lines of every pppd options file
     lac_kernel_mode: bool | None = None  # the LACs' xl2tpd mode when it differs from the LNS's
     lac_extra_pppd: str | None = None  # the LACs' pppd lines when they differ from the LNS's (write_configs)
@@ -236,7 +238,7 @@ pppoptfile = {lac.dir}/options
         inst.log_file = open(inst.log, "ab")
         inst.proc = subprocess.Popen(
             ["ip", "netns", "exec", inst.ns, "xl2tpd", "-D", "-c", str(inst.dir / "xl2tpd.conf"),
-             "-p", inst.pidfile, "-C", inst.control],
+             "-p", inst.pidfile, "-C", inst.control, *(self.lns_args if inst is self.lns else ())],
             stdout=inst.log_file, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **(self.lns_env if inst is self.lns else {})},
         )

@@ -10,6 +10,7 @@ given); the lab's xl2tpd writes that file itself."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -301,6 +302,110 @@ def test_a_forged_call_line_written_before_xl2tpds_own_is_passed_over(tmp_path):
         assert "passed over (a forged log line?)" in log
         st = lab.serve_status(lab.lns)["stats"]
         assert st["refused"] == 0 and st["unchecked_calls"] == 0, st  # checked, not taken on the log's word
+    finally:
+        lab.teardown()
+
+
+@contextlib.contextmanager
+def syslogd(log: Path):
+    """busybox syslogd on /dev/log writing ``log`` (one socket read in order,
+    as rsyslog and journald read theirs); /dev/log is gone again after, so
+    the other tests' daemons find no syslog socket to send barriers to."""
+    p = subprocess.Popen(["busybox", "syslogd", "-n", "-O", str(log)])
+    try:
+        wait_until(lambda: os.path.exists("/dev/log"), "syslogd's /dev/log", timeout=10)
+        yield
+    finally:
+        p.terminate()
+        p.wait(10)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink("/dev/log")
+
+
+def logger_as_nobody(tag: str, msg: str) -> None:
+    """What any local user can write: ``logger`` through syslog, as uid 65534."""
+    subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "busybox", "logger", "-t", tag,
+                    msg], check=True)
+
+
+@pytest.mark.one_debian('log parsing, userspace only')
+def test_a_forged_line_with_the_real_call_id_is_caught_by_the_daemons_log_barrier(tmp_path):
+    """xl2tpd logs through syslog (busybox syslogd writes the file the LNS
+    daemon follows).  As nobody, a forger writes through the same syslog a
+    line naming xl2tpd's new pppd with the real call id (learned here from
+    the LAC's log) and a false peer call id, before xl2tpd's own line
+    (xl2tpd slowed 1 s after its fork).  The control pipe lists that call
+    id, so only the daemon's barrier, sent after xl2tpd answered and read
+    back after xl2tpd's line, shows the two lines: the call stays on its pty
+    on the LNS (the LAC's side is offloaded against it), nothing is made,
+    the live move asks again and is refused again.  A second call, with no
+    forger until it is offloaded, passes the barrier; a line forged for it
+    afterwards changes nothing."""
+    src, so, forked = tmp_path / "slowfork.c", tmp_path / "slowfork.so", tmp_path / "forked"
+    src.write_text(SLOW_FORK)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"], check=True)
+    lab = Lab(kernel_mode=False, lns_env={"LD_PRELOAD": str(so), "PX_FORKED": str(forked)}, lns_args=("-l",),
+              sections=2).setup(1)
+    try:
+        with syslogd(lab.lns.log):
+            lab.start_all(plugin_options(required=False))
+            l1 = lab.lacs[0]
+            lab.serve_all([lab.lns, l1])
+            xpid = xl2tpd_pid(lab.lns)
+            start = l1.log.stat().st_size
+            lab.control(l1, "c lns")
+            wait_until(lambda: forked.exists() and forked.read_text().strip(), "xl2tpd forked a pppd", timeout=60,
+                       detail=lab.tails, interval=0.02)
+            pid = int(forked.read_text().split()[0])
+            # the LAC's "Call established ..., Local: <its call id>, Remote: <the LNS's call id>" came before the fork
+            m = re.search(r"Call established with \S+, Local: (\d+), Remote: (\d+)", l1.log.read_text()[start:])
+            assert m, lab.tails()
+            lac_call, lns_call = int(m[1]), int(m[2])
+            false_peer = lac_call % 65535 + 1
+            logger_as_nobody(f"xl2tpd[{xpid}]", f"Call established with {l1.local}, PID: {pid}, Local: {lns_call}, "
+                                                f"Remote: {false_peer}, Serial: 1")
+            wait_until(lambda: f"Remote: {lac_call}, Serial:" in lab.lns.log.read_text(),
+                       "xl2tpd's own line, after the forged one", timeout=30, detail=lab.tails)
+            wait_until(lambda: ppp_up(lab.lns.ns) and ppp_up(l1.ns), "PPP up on both sides", timeout=90,
+                       detail=lab.tails)
+            wait_until(lambda: "one of them is forged" in serve_log(lab, lab.lns), "the daemon saw two lines",
+                       timeout=30, detail=lambda: serve_log(lab, lab.lns)[-3000:])
+            wait_until(lambda: objects(l1.ns)["sessions"] == 1, "the LAC's side offloaded", timeout=30)
+            ok, out = ping(l1.ns, "10.99.100.1")
+            assert ok, out
+            time.sleep(8)  # the plugin's live move asks again (after 1 s, then 5 s): refused again
+            assert objects(lab.lns.ns)["sessions"] == 0, ip_l2tp(lab.lns.ns, "session")
+            log = serve_log(lab, lab.lns)
+            assert log.count("other peer ids: one of them is forged") >= 2, log[-3000:]
+            st = lab.serve_status(lab.lns)["stats"]
+            assert st["disputed_calls"] == 1 and st["unbarriered_calls"] == 0 and st["offloaded"] == 0, st
+            assert "pipexctl[" in lab.lns.log.read_text() and "log barrier" in lab.lns.log.read_text()
+            ok, out = ping(l1.ns, "10.99.100.1")
+            assert ok, out
+
+            # the second call: offloaded through the barrier; a line forged after changes nothing
+            forked.write_text("")
+            start = l1.log.stat().st_size
+            lab.control(l1, "c lns2")
+            wait_until(lambda: objects(lab.lns.ns)["sessions"] == 1, "the second call offloaded on the LNS",
+                       timeout=60, detail=lambda: serve_log(lab, lab.lns)[-3000:])
+            (s,) = ip_l2tp(lab.lns.ns, "session")
+            m = re.search(r"Call established with \S+, Local: (\d+), Remote: (\d+)", l1.log.read_text()[start:])
+            assert m and s["peer_session_id"] == int(m[1]) and s["session_id"] == int(m[2]), (s, m)
+            pid2 = int(forked.read_text().split()[0])
+            logger_as_nobody(f"xl2tpd[{xpid}]", f"Call established with {l1.local}, PID: {pid2}, Local: {m[2]}, "
+                                                f"Remote: {int(m[1]) % 65535 + 1}, Serial: 2")
+            wait_until(lambda: lab.serve_status(lab.lns)["stats"]["disputed_calls"] == 2, "the later line seen",
+                       timeout=30)
+            st = lab.serve_status(lab.lns)["stats"]
+            assert st["offloaded"] == 1 and st["unbarriered_calls"] == 0, st
+            assert [x["session_id"] for x in ip_l2tp(lab.lns.ns, "session")] == [s["session_id"]]
+            wait_until(lambda: len(ppp_peer_addrs(lab.lns.ns)) == 2, "IPCP done for both calls", timeout=60,
+                       detail=lab.tails)
+            addrs = ppp_peer_addrs(lab.lns.ns)  # each call's client address, pinged from the LNS
+            for a in addrs.values():
+                ok, out = ping(lab.lns.ns, a)
+                assert ok, (a, out)
     finally:
         lab.teardown()
 

@@ -31,6 +31,11 @@ def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp
         r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path])
         assert r.exit_code == 0 and "offloads: 1 made" in r.output
         assert "WHY-NOT" in r.output and "no_call" in r.output
+        assert "log trust" not in r.output  # nothing doubtful: no line
+        srv.watch.unbarriered, srv.watch.discovery.tracker.disputes = 2, 1
+        r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path])
+        assert ("log trust: 2 call(s) read from a log without the daemon's barrier line; "
+                "1 call(s) named by two log lines (one forged)") in r.output, r.output
 
 
 def test_status_and_discover_say_since_when_each_call_is_on_its_path(srv, tmp_path):

@@ -664,3 +664,185 @@ def test_several_xl2tpd_in_one_stream_keep_their_own_calls_and_the_control_pipe_
         assert sorted(d.tracker.instances) == [name]
     finally:
         d.close()
+
+
+# ---- a forged line with the real call id and a false peer call id (barrier.py)
+
+
+def test_a_second_line_for_the_same_pppd_disputes_its_call_and_is_no_id_reuse():
+    t = Tracker()
+    apply(t, "xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 5, Remote: 6 (ref=0/0).  "
+             "LNS session is 'default'")
+    line = "xl2tpd[147]: Call established with 10.99.1.2, PID: 4000, Local: 100, Remote: {r}, Serial: 1"
+    assert [e.event for e in apply(t, line.format(r=999))] == ["CallUp"]
+    assert apply(t, line.format(r=999)) == []  # the very same line again: nothing
+    ev = apply(t, line.format(r=101))  # xl2tpd's own, after the forged one
+    assert [(e.event, e.fields) for e in ev] == [("CallUpdated", ["disputed"])]
+    (c,) = t.calls()
+    assert c.disputed and t.disputes == 1 and "one of them is forged" in t.notes[-1]
+    assert apply(t, line.format(r=102)) == [] and t.disputes == 1  # disputed once
+    # a new pppd with the id: xl2tpd reused it (the old call ended), as before
+    ev = apply(t, line.replace("4000", "4001").format(r=103))
+    assert [e.event for e in ev] == ["CallDown", "CallUp"]
+    (c,) = t.calls()
+    assert (c.pppd_pid, c.peer_call_id, c.disputed) == (4001, 103, False)
+
+
+def test_a_second_lac_line_for_a_call_whose_pppd_has_not_shown_disputes_it():
+    t = Tracker()
+    apply(t, "xl2tpd[144]: Connection established to 10.99.1.1, 1701.  Local: 5, Remote: 6 (ref=0/0).")
+    apply(t, "xl2tpd[144]: Calling on tunnel 5")
+    line = "xl2tpd[144]: Call established with 10.99.1.1, Local: 100, Remote: {r}, Serial: 1 (ref=0/0)"
+    assert [e.event for e in apply(t, line.format(r=101))] == ["CallUp"]
+    ev = apply(t, line.format(r=999))  # forged, before xl2tpd's argv line names the pppd
+    assert [(e.event, e.fields) for e in ev] == [("CallUpdated", ["disputed"])]
+    (c,) = t.calls()
+    assert c.disputed and c.peer_call_id == 101
+    # once its pppd is known, a line with the id is xl2tpd reusing it, as before
+    t.update_call(c, pppd_pid=4000)
+    assert [e.event for e in apply(t, line.format(r=103))] == ["CallDown", "CallUp"]
+
+
+class Syslogd:
+    """A syslog daemon on a datagram socket: each message appended to the log
+    file in rsyslog's traditional format, in the order received, ``lag``
+    seconds after it came (a busy rsyslog)."""
+
+    def __init__(self, path, log, lag=0.3, drop=None):
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.path, self.log, self.lag, self.drop = str(path), log, lag, drop
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        import re
+
+        while True:
+            data = self.sock.recv(65536)
+            if self.stopped:
+                return
+            msg = re.sub(rb"^<\d{1,3}>", b"", data).decode()
+            time.sleep(self.lag)
+            if self.drop and self.drop in msg:
+                continue  # filtered out (a rule by program name)
+            with self.log.open("a") as f:
+                f.write(f"Dec  4 02:48:00 lns {msg}\n")
+
+    def send(self, msg):
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(f"<29>{msg}".encode(), self.path)
+
+    def close(self):
+        self.stopped = True
+        self.send("bye")
+        self.thread.join(5)
+        self.sock.close()
+
+
+class Xl2tpdControl(StubControl):
+    """As StubControl, and, like xl2tpd, the call's own line goes to syslog
+    before xl2tpd gets to answer (it is written in the step that forks pppd)."""
+
+    def __init__(self, calls, syslogd, line):
+        super().__init__(calls)
+        self.syslogd, self.line = syslogd, line
+
+    def available(self):
+        if self.line:
+            self.syslogd.send(self.line)
+            self.line = None
+        return super().available()
+
+
+@pytest.fixture
+def forged_first(tmp_path):
+    """An LNS call whose pppd a forger names first, with the real call id (100)
+    and a false peer call id (999), through the same syslog; xl2tpd's own
+    line (peer call 101) is in syslog's queue when its control pipe answers."""
+    log, sock = tmp_path / "syslog", tmp_path / "dev-log"
+    log.write_text("Dec  4 02:47:00 lns xl2tpd[147]: xl2tpd version xl2tpd-1.3.18 started on lns PID:147\n")
+    pppd = _pppd_for()
+    made = []
+
+    def make(barrier=True, lag=0.3, drop=None, forged=True):
+        syslogd = Syslogd(sock, log, lag=lag, drop=drop)
+        d = Discovery([str(log)], ["stub"], proc=False, kernel=False,
+                      barrier_socket=str(sock) if barrier else None)
+        from pipexctl.offload.watch import CallWatch
+
+        w = CallWatch(d)
+        d.refresh(events=False, control=False)
+        real = f"xl2tpd[147]: Call established with 10.99.1.2, PID: {pppd.pid}, Local: 100, Remote: 101, Serial: 1"
+        d.sources[0].control = Xl2tpdControl([100], syslogd, real if forged else None)
+        with log.open("a") as f:  # the tunnel's line, then the forger's (it wrote first)
+            f.write("Dec  4 02:47:01 lns " + _call_lines(pppd.pid, 100).splitlines()[0] + "\n")
+            f.write(f"Dec  4 02:47:02 lns xl2tpd[147]: Call established with 10.99.1.2, PID: {pppd.pid}, Local: 100, "
+                    f"Remote: 999, Serial: 1\n" if forged else f"Dec  4 02:47:02 lns {real}\n")
+        made.append((syslogd, d))
+        return w, syslogd
+
+    yield make, pppd
+    for syslogd, d in made:
+        d.close()
+        syslogd.close()
+    pppd.kill()
+    pppd.wait()
+
+
+def test_without_a_barrier_the_forged_line_written_first_wins(forged_first):
+    """What the barrier is for: the control pipe lists call 100 (it is real),
+    and xl2tpd's own line is still in syslog's queue when the answer comes."""
+    make, pppd = forged_first
+    w, _ = make(barrier=False)
+    call, why = w.call_of(pppd.pid, 3.0)
+    assert call is not None and call.peer_call_id == 999, why
+
+
+def test_a_forged_line_written_first_is_caught_by_the_log_barrier(forged_first):
+    make, pppd = forged_first
+    w, _ = make()
+    call, why = w.call_of(pppd.pid, 3.0)
+    assert call is None and "other peer ids: one of them is forged" in why, why
+    assert w.discovery.tracker.disputes == 1 and w.unbarriered == 0
+    call, why = w.call_of(pppd.pid, 0.5)  # asked again (the live move): still refused
+    assert call is None and "forged" in why
+
+
+def test_a_log_that_does_not_carry_the_barrier_is_noticed_once_and_answered_as_before(forged_first):
+    make, pppd = forged_first
+    w, _ = make(lag=0.0, drop="pipexctl[", forged=False)
+    t0 = time.monotonic()
+    call, why = w.call_of(pppd.pid, 3.0)
+    assert call is not None and call.peer_call_id == 101, why
+    assert w.unbarriered == 1 and time.monotonic() - t0 < 2.5
+    assert any("does not carry it" in x for x in w.discovery.warnings), w.discovery.warnings
+
+
+def test_a_barrier_that_does_not_come_back_in_time_refuses_once_the_log_carried_one(forged_first):
+    make, pppd = forged_first
+    w, syslogd = make(lag=0.0)
+    (s,) = w.discovery.sources
+    s.barrier.state(time.monotonic())  # the start's probe
+    wait_until = time.monotonic() + 2
+    while s.barrier.carried is None and time.monotonic() < wait_until:
+        w.discovery.poll(reconcile=False)
+        time.sleep(0.02)
+    assert s.barrier.carried is True
+    syslogd.lag = 2.0  # syslog now far behind
+    call, why = w.call_of(pppd.pid, 1.0)
+    assert call is None and "did not come back in the log in time" in why, why
+
+
+def test_a_barrier_needs_a_syslog_socket(tmp_path):
+    from pipexctl.discovery.barrier import LogBarrier
+
+    b = LogBarrier(str(tmp_path / "none"))
+    assert b.state(time.monotonic()) == "absent" and "cannot send" in b.note
+    b.close()

@@ -13,9 +13,10 @@ cd "$(dirname "$0")/.."
 # curl: the kernel test scrapes --metrics with a client that is not ours.
 # python3-apt: Ansible's apt module (the role is run for real in the guest).
 # ruby: `ruby -c` of vagrant/Vagrantfile.  groff-base: the man page check.
+# rsyslog: xl2tpd logging through syslog to a file, in the guest (the log barrier's test).
 PKGS=(qemu-system-x86 linux-image-amd64 busybox-static kmod iproute2 iputils-ping nftables
       ppp ppp-dev xl2tpd iperf3 ethtool gcc libc6-dev linux-libc-dev make python3 python3-venv
-      systemd curl python3-apt ruby groff-base mmdebstrap)
+      systemd curl python3-apt ruby groff-base mmdebstrap rsyslog)
 
 if [ "$(id -u)" != 0 ]; then
   echo "setup: run as root (it installs Debian packages and the guest needs root)" >&2

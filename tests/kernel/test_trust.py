@@ -306,12 +306,28 @@ def test_a_forged_call_line_written_before_xl2tpds_own_is_passed_over(tmp_path):
         lab.teardown()
 
 
+# Debian's rsyslog, reduced to what writes xl2tpd's lines to a file: its
+# socket, and the traditional file format Debian's rsyslog.conf sets
+RSYSLOG_CONF = """module(load="imuxsock" SysSock.Name="/dev/log")
+global(workDirectory="{work}")
+*.* action(type="omfile" file="{log}" template="RSYSLOG_TraditionalFileFormat")
+"""
+
+
 @contextlib.contextmanager
-def syslogd(log: Path):
-    """busybox syslogd on /dev/log writing ``log`` (one socket read in order,
-    as rsyslog and journald read theirs); /dev/log is gone again after, so
-    the other tests' daemons find no syslog socket to send barriers to."""
-    p = subprocess.Popen(["busybox", "syslogd", "-n", "-O", str(log)])
+def syslogd(kind: str, log: Path):
+    """A syslog daemon on /dev/log writing ``log``: Debian's rsyslog, or
+    busybox syslogd (small systems); each reads that one socket in order.
+    /dev/log is gone again after, so the other tests' daemons find no
+    syslog socket to send barriers to."""
+    if kind == "rsyslog":
+        work = log.parent / "rsyslog"
+        work.mkdir()
+        conf = work / "rsyslog.conf"
+        conf.write_text(RSYSLOG_CONF.format(work=work, log=log))
+        p = subprocess.Popen(["rsyslogd", "-n", "-f", str(conf), "-i", str(work / "pid")])
+    else:
+        p = subprocess.Popen(["busybox", "syslogd", "-n", "-O", str(log)])
     try:
         wait_until(lambda: os.path.exists("/dev/log"), "syslogd's /dev/log", timeout=10)
         yield
@@ -329,9 +345,10 @@ def logger_as_nobody(tag: str, msg: str) -> None:
 
 
 @pytest.mark.one_debian('log parsing, userspace only')
-def test_a_forged_line_with_the_real_call_id_is_caught_by_the_daemons_log_barrier(tmp_path):
-    """xl2tpd logs through syslog (busybox syslogd writes the file the LNS
-    daemon follows).  As nobody, a forger writes through the same syslog a
+@pytest.mark.parametrize("kind", ["rsyslog", "busybox"])
+def test_a_forged_line_with_the_real_call_id_is_caught_by_the_daemons_log_barrier(tmp_path, kind):
+    """xl2tpd logs through syslog (rsyslog, or busybox syslogd, writes the
+    file the LNS daemon follows).  As nobody, a forger writes through the same syslog a
     line naming xl2tpd's new pppd with the real call id (learned here from
     the LAC's log) and a false peer call id, before xl2tpd's own line
     (xl2tpd slowed 1 s after its fork).  The control pipe lists that call
@@ -347,7 +364,7 @@ def test_a_forged_line_with_the_real_call_id_is_caught_by_the_daemons_log_barrie
     lab = Lab(kernel_mode=False, lns_env={"LD_PRELOAD": str(so), "PX_FORKED": str(forked)}, lns_args=("-l",),
               sections=2).setup(1)
     try:
-        with syslogd(lab.lns.log):
+        with syslogd(kind, lab.lns.log):
             lab.start_all(plugin_options(required=False))
             l1 = lab.lacs[0]
             lab.serve_all([lab.lns, l1])

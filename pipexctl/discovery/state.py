@@ -503,8 +503,9 @@ class Tracker:
             return []  # the same line again, or already disputed
         c.disputed = True
         self.disputes += 1
+        pppd = c.pppd_pid or "(not yet known)"
         self.notes.append(
-            f"{c.instance}: two lines give call {c.call_id} of pppd {c.pppd_pid} other peers (peer call "
+            f"{c.instance}: two lines give call {c.call_id} of pppd {pppd} other peers (peer call "
             f"{c.peer_call_id} at {c.peer}, then {rec.peer_call_id} at {rec.peer}): one of them is forged; the call "
             f"is not offloaded (one offloaded already keeps the ids it was given)")
         return self._ev(lambda: CallUpdated(call=c.copy(), fields=["disputed"]))

@@ -294,6 +294,9 @@ class Listed:
     asked: float  # monotonic time the question went out
     tunnels: frozenset[tuple[int, int]]  # (our tunnel id, the peer's), from `available`
     lns_calls: frozenset[tuple[str, int, int]]  # (peer address, the peer's tunnel id, our call id), from status-lns
+    # when the answer was taken in (monotonic): a log barrier must be sent after
+    # it, not merely after the question (xl2tpd may write its line just before answering)
+    answered: float = float("inf")
 
 
 @dataclass
@@ -465,7 +468,7 @@ class Discovery:
         ls = self.listed.get(instance)
         if s is None or s.barrier is None or ls is None:
             return "none"
-        st = s.barrier.state(ls.asked)
+        st = s.barrier.state(ls.answered)
         self._barrier_note(s)
         return st
 
@@ -579,7 +582,7 @@ class Discovery:
             self.listed[ins.name] = Listed(
                 asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
                 frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values() for st in tunnels
-                          for cid in st.calls))
+                          for cid in st.calls), time.monotonic())
             lns_calls: set[int] = set()
             for section, tunnels in status.items():
                 for st in tunnels:

@@ -846,3 +846,27 @@ def test_a_barrier_needs_a_syslog_socket(tmp_path):
     b = LogBarrier(str(tmp_path / "none"))
     assert b.state(time.monotonic()) == "absent" and "cannot send" in b.note
     b.close()
+
+
+def test_a_barrier_counts_only_when_sent_after_the_answer_was_taken_in(tmp_path):
+    """A barrier sent while a question was out may precede xl2tpd's line (it
+    writes the line just before it answers): it does not pass that answer."""
+    from pipexctl.discovery.discovery import Listed
+
+    sock = tmp_path / "dev-log"
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as rx:
+        rx.bind(str(sock))
+        d = Discovery([str(tmp_path / "log")], ["stub"], proc=False, kernel=False, barrier_socket=str(sock))
+        (s,) = d.sources
+        t0 = time.monotonic()
+        assert s.barrier.state(t0) == "wait"  # sent now, after the question went out at t0 ...
+        nonce = rx.recv(512).decode().rsplit(" ", 1)[1]
+        s.barrier.feed(f"Dec  4 02:48:00 lns pipexctl[1]: log barrier {nonce}")  # ... and read back
+        d.listed["x"] = Listed(t0, frozenset(), frozenset(), time.monotonic())  # the answer, taken in after it
+        d.sources[0].name = "x"
+        assert d.barrier("x") == "wait" and rx.recv(512)  # so a new one goes out
+        d.listed["x"] = Listed(t0, frozenset(), frozenset(), t0)
+        assert d.barrier("x") == "passed"
+        d.close()

@@ -355,9 +355,9 @@ def test_a_forged_line_with_the_real_call_id_is_caught_by_the_daemons_log_barrie
     id, so only the daemon's barrier, sent after xl2tpd answered and read
     back after xl2tpd's line, shows the two lines: the call stays on its pty
     on the LNS (the LAC's side is offloaded against it), nothing is made,
-    the live move asks again and is refused again.  A second call, with no
-    forger until it is offloaded, passes the barrier; a line forged for it
-    afterwards changes nothing."""
+    the live move asks again and is refused again.  A second call (rsyslog
+    only), with no forger until it is offloaded, passes the barrier; a line
+    forged for it afterwards changes nothing."""
     src, so, forked = tmp_path / "slowfork.c", tmp_path / "slowfork.so", tmp_path / "forked"
     src.write_text(SLOW_FORK)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"], check=True)
@@ -390,15 +390,17 @@ def test_a_forged_line_with_the_real_call_id_is_caught_by_the_daemons_log_barrie
             wait_until(lambda: objects(l1.ns)["sessions"] == 1, "the LAC's side offloaded", timeout=30)
             ok, out = ping(l1.ns, "10.99.100.1")
             assert ok, out
-            time.sleep(8)  # the plugin's live move asks again (after 1 s, then 5 s): refused again
+            # the plugin's live move asks again (after a second): refused again
+            wait_until(lambda: serve_log(lab, lab.lns).count("other peer ids: one of them is forged") >= 2,
+                       "the live move's ask refused too", timeout=30, detail=lambda: serve_log(lab, lab.lns)[-3000:])
             assert objects(lab.lns.ns)["sessions"] == 0, ip_l2tp(lab.lns.ns, "session")
-            log = serve_log(lab, lab.lns)
-            assert log.count("other peer ids: one of them is forged") >= 2, log[-3000:]
             st = lab.serve_status(lab.lns)["stats"]
             assert st["disputed_calls"] == 1 and st["unbarriered_calls"] == 0 and st["offloaded"] == 0, st
             assert "pipexctl[" in lab.lns.log.read_text() and "log barrier" in lab.lns.log.read_text()
             ok, out = ping(l1.ns, "10.99.100.1")
             assert ok, out
+            if kind == "busybox":
+                return  # the rest is the same through either syslogd
 
             # the second call: offloaded through the barrier; a line forged after changes nothing
             forked.write_text("")

@@ -52,7 +52,8 @@ def fds() -> int:
 
 def pppol2tp_sessions() -> int:
     """PPPoL2TP sessions the kernel lists (a netlink dump of 10,000 would cost more than it tells)."""
-    return sum(1 for ln in Path("/proc/net/pppol2tp").read_text().splitlines() if ln.startswith("  SESSION"))
+    lines = Path("/proc/net/pppol2tp").read_text().splitlines()
+    return sum(1 for ln in lines if ln.startswith("  SESSION") and not ln.startswith("  SESSION name"))  # no header
 
 
 def rss_mib() -> float:

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from controlplane import rcu_expedited  # noqa: E402
-from servicestorm import DEV, calls, pct, setup  # noqa: E402
+from servicestorm import calls, drop_all, finish, pct, setup  # noqa: E402
 
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.kernel.backend import NetlinkBackend  # noqa: E402
@@ -118,21 +117,15 @@ def main() -> int:
     with rcu_expedited("1") as before:
         rec["rcu_expedited_before"] = before
         t = time.monotonic()
-        with svc.lock:  # as discovery's "xl2tpd dropped these tunnels" does it
-            for key in list(svc.tunnels):
-                svc.drop_tunnel(key, "bench over", sync=False)
-            svc.save()
+        drop_all(svc)
         for ch in chans:
             ch.close()
         rec["drop_all_s"] = round(time.monotonic() - t, 1)
     rec["left"] = {"kernel_sessions": len(backend.session_dump()), "kernel_tunnels": len(backend.tunnel_dump()),
                    "fds": fds(), "rss_mib": rss_mib()}
     print(json.dumps({"drop_all_s": rec["drop_all_s"], "left": rec["left"], "errors": rec["errors"][:3]}), flush=True)
-    dp.close()
     backend.close()
-    subprocess.run(["ip", "link", "del", DEV], check=False)
-    Path(a.out).write_text(json.dumps(rec, indent=1))
-    return 0
+    return finish(dp, rec, a.out)
 
 
 if __name__ == "__main__":

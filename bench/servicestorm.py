@@ -78,6 +78,24 @@ def summary(lat: list[float], parts: list[dict[str, float]], wall: float) -> dic
     return out
 
 
+def drop_all(svc: OffloadService) -> float:
+    """Every tunnel dropped, as discovery's "xl2tpd dropped these tunnels" does it; the seconds it took."""
+    t = time.monotonic()
+    with svc.lock:
+        for key in list(svc.tunnels):
+            svc.drop_tunnel(key, "bench round over", sync=False)
+        svc.save()
+    return time.monotonic() - t
+
+
+def finish(dp: KernelDataPath, rec: dict, out: str) -> int:
+    """The data path closed, the dummy device gone, the record written."""
+    dp.close()
+    subprocess.run(["ip", "link", "del", DEV], check=False)
+    Path(out).write_text(json.dumps(rec, indent=1))
+    return 0
+
+
 def run(svc: OffloadService, batch: list[CallInfo], together: bool) -> dict:
     lat: list[float] = []
     parts: list[dict[str, float]] = []
@@ -112,12 +130,7 @@ def run(svc: OffloadService, batch: list[CallInfo], together: bool) -> dict:
         for c in batch:
             one(c)
     wall = time.monotonic() - t0
-    t1 = time.monotonic()
-    with svc.lock:  # the removals as discovery's "xl2tpd dropped these tunnels" makes them
-        for key in list(svc.tunnels):
-            svc.drop_tunnel(key, "bench round over", sync=False)
-        svc.save()
-    dropped = time.monotonic() - t1
+    dropped = drop_all(svc)
     for ch in chans:
         ch.close()
     out = summary(lat, parts, wall) if lat else {"n": 0}
@@ -162,10 +175,7 @@ def main() -> int:
             print(s.getvalue(), flush=True)
         rec["rounds"].append(row)
         print(json.dumps({x: y for x, y in row.items() if x != "profile"}), flush=True)
-    dp.close()
-    subprocess.run(["ip", "link", "del", DEV], check=False)
-    Path(a.out).write_text(json.dumps(rec, indent=1))
-    return 0
+    return finish(dp, rec, a.out)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ State = Literal["passed", "wait", "absent"]
 
 class LogBarrier:
     PROBE = 1.0  # seconds the first barrier may take before a log is taken not to carry them
+    REPROBE = 60.0  # seconds between barriers sent to a log taken not to carry them (one line each)
 
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
@@ -62,8 +63,8 @@ class LogBarrier:
         if self.carried is None and self._probe_until is not None and time.monotonic() > self._probe_until:
             self._absent(f"the daemon's syslog line did not come back within {self.PROBE:.0f} s")
         if self.carried is False:
-            if self.sent < after:
-                self._send()  # a later one may still come back (syslog started later): cheap, not waited for
+            if self.sent < after and time.monotonic() - self.sent > self.REPROBE:
+                self._send()  # a later one may still come back (syslog started later): not waited for
             return "absent"
         if self.sent >= after or self._send():
             return "wait"

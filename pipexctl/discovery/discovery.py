@@ -464,7 +464,7 @@ class Discovery:
         """Whether every line ``instance``'s xl2tpd wrote before its control
         pipe's last answer has been read (barrier.py): ``none`` when no
         barrier applies (no answer yet, the journal, no syslog socket given)."""
-        s = next((s for s in self.sources if instance == s.name or instance.startswith(s.name + "@")), None)
+        s = next((s for s in self.sources if _of_source(instance, s)), None)
         ls = self.listed.get(instance)
         if s is None or s.barrier is None or ls is None:
             return "none"
@@ -500,7 +500,7 @@ class Discovery:
     def _instances_of(self, s: Source) -> list[Instance]:
         """The xl2tpd instances a source's stream holds: the first to write
         there (named as the source) and any other live one (``NAME@PID``)."""
-        return [i for n, i in self.tracker.instances.items() if n == s.name or n.startswith(s.name + "@")]
+        return [i for n, i in self.tracker.instances.items() if _of_source(n, s)]
 
     def _control_instance(self, s: Source) -> Instance:
         """The instance a source's control pipe answers for: the xl2tpd that
@@ -816,6 +816,11 @@ class Discovery:
                 s.barrier.close()
         if self._backend is not None:
             self._backend.close()
+
+
+def _of_source(instance: str, s: Source) -> bool:
+    """Instance ``instance`` is one of the xl2tpd writing ``s``'s stream (its name, or ``NAME@PID``)."""
+    return instance == s.name or instance.startswith(s.name + "@")
 
 
 def _matches(p: procscan.Proc, c: CallInfo) -> bool:

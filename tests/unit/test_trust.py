@@ -870,3 +870,26 @@ def test_a_barrier_counts_only_when_sent_after_the_answer_was_taken_in(tmp_path)
         d.listed["x"] = Listed(t0, frozenset(), frozenset(), t0)
         assert d.barrier("x") == "passed"
         d.close()
+
+
+def test_a_log_taken_not_to_carry_barriers_is_asked_again_only_once_a_minute(tmp_path, monkeypatch):
+    import socket
+
+    from pipexctl.discovery.barrier import LogBarrier
+
+    sock = tmp_path / "dev-log"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as rx:
+        rx.bind(str(sock))
+        rx.setblocking(False)
+        b = LogBarrier(str(sock))
+        monkeypatch.setattr(LogBarrier, "PROBE", 0.0)
+        assert b.state(time.monotonic()) == "wait" and rx.recv(512)
+        time.sleep(0.01)
+        assert b.state(time.monotonic()) == "absent" and b.carried is False  # not back in time
+        for _ in range(5):  # requests go on: no line each
+            assert b.state(time.monotonic()) == "absent"
+        with pytest.raises(BlockingIOError):
+            rx.recv(512)
+        monkeypatch.setattr(LogBarrier, "REPROBE", 0.0)
+        assert b.state(time.monotonic()) == "absent" and rx.recv(512)  # a minute on: one more, not waited for
+        b.close()

@@ -15,7 +15,7 @@ import errno
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from .. import errors
-from ..model import Session, SessionSpec, Stats, Tunnel, TunnelSpec
+from ..model import Session, SessionCounters, SessionSpec, Stats, Tunnel, TunnelSpec
 
 # NetlinkBackend imports netlink (pyroute2: memory), pppol2tp and netns (ctypes, and a libc
 # lookup that runs ldconfig) where it first needs them: a NullBackend user, and `pipexctl`'s
@@ -45,6 +45,7 @@ class KernelBackend(Protocol):
     def session_get(self, tunnel_id: int, session_id: int) -> Session: ...
     def session_dump(self) -> list[Session]: ...
     def session_ids(self) -> set[tuple[int, int]]: ...
+    def session_counters(self) -> list[SessionCounters]: ...
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel: ...
     def close(self) -> None: ...
 
@@ -111,6 +112,9 @@ class NetlinkBackend(KernelBackend):
 
     def session_ids(self) -> set[tuple[int, int]]:
         return self._nl("session ids").session_ids()
+
+    def session_counters(self) -> list[SessionCounters]:
+        return self._nl("session counters").session_counters()
 
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
         """A PPPoL2TP socket on ``session``; with ``unit``, its channel is put
@@ -250,6 +254,9 @@ class NullBackend(KernelBackend):
 
     def session_ids(self) -> set[tuple[int, int]]:
         return set(self._sessions)
+
+    def session_counters(self) -> list[SessionCounters]:
+        return [SessionCounters(t, sid, *s.stats.model_dump().values()) for (t, sid), s in self._sessions.items()]
 
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
         self._maybe_fail("ppp_connect", session.describe(), "connect a PPPoL2TP socket to")

@@ -6,15 +6,19 @@ Why not ``pyroute2.netlink.generic.l2tp.L2tp`` as it is (0.9.x)?  Its sync
 given and drops ``fd=0``; ``udp6_csum_rx``/``udp6_csum_tx`` set the swapped
 attributes; async ``create_session``/``modify_session`` return None; its
 stats map stops before ``L2TP_ATTR_RX_COOKIE_DISCARDS``/``L2TP_ATTR_RX_INVALID``.
-So this module keeps pyroute2 for what it does well -- NLA encoding and
-decoding, the generic-netlink controller's messages -- and defines its own
-message class (attribute types as in ``linux/l2tp.h``), request builders and
-send/receive loop.  ``tests/unit/test_netlink_golden.py`` pins the bytes of
-every request against an independent encoder; ``tests/kernel`` runs them
+So this module keeps pyroute2 for what it does well -- decoding the
+kernel's answers into attributes -- and defines its own message class
+(attribute types as in ``linux/l2tp.h``, which pyroute2 decodes with and
+the request encoder packs from), request builders and send/receive loop.
+Requests are packed with ``struct`` (``Request``: pyroute2's encoder was
+most of a request's cost), and the daemon's hot reads (ids, counters, "is
+it still there") take what they need from the raw answers.
+``tests/unit/test_netlink_golden.py`` pins the bytes of every request to
+pyroute2's encoder and to an independent one; ``tests/kernel`` runs them
 against the real kernel.
 
-The builders are pure functions (spec in, message out); ``L2tpNetlink`` sends
-them and turns replies and errors into the model.
+The builders are pure functions (spec in, request out); ``L2tpNetlink``
+sends them and turns replies and errors into the model.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 
 def _pyroute2_without_its_init() -> None:
@@ -90,7 +94,17 @@ from pyroute2.netlink import (  # noqa: E402
 from pyroute2.netlink.exceptions import NetlinkError  # noqa: E402
 
 from .. import errors  # noqa: E402
-from ..model import Encap, Endpoint, PwType, Session, SessionSpec, Stats, Tunnel, TunnelSpec  # noqa: E402
+from ..model import (  # noqa: E402
+    Encap,
+    Endpoint,
+    PwType,
+    Session,
+    SessionCounters,
+    SessionSpec,
+    Stats,
+    Tunnel,
+    TunnelSpec,
+)
 from . import uapi  # noqa: E402
 
 # linux/netlink.h
@@ -101,6 +115,7 @@ NLMSG_HDR = struct.Struct("=IHHII")  # struct nlmsghdr: len, type, flags, seq, p
 ERRNO = struct.Struct("=i")  # struct nlmsgerr's error (and NLMSG_DONE's)
 NLA_HDR = struct.Struct("=HH")  # struct nlattr: len, type
 U32 = struct.Struct("=I")
+U64 = struct.Struct("=Q")
 
 
 class l2tpmsg(genlmsg):  # type: ignore[misc]  # pyroute2 ships no types
@@ -165,18 +180,74 @@ class l2tpmsg(genlmsg):  # type: ignore[misc]  # pyroute2 ships no types
 
 
 # --------------------------------------------------------------------------
-# Builders: pure, one per command.
+# Requests: encoded here with struct, from the attribute table above.
+#
+# pyroute2's encoder cost most of a request: 89 us natively for a session
+# create (this: about 5), and under TCG 17 times the kernel's own time for
+# the request (bench/controlplane.py's request split).  Request attributes
+# are flat scalars, so packing them is a few lines; pyroute2 still decodes
+# the kernel's answers, and tests/unit/test_netlink_golden.py pins these
+# bytes to pyroute2's encoder and to an independent one.
+
+_SCALAR = {"uint8": struct.Struct("=B"), "uint16": struct.Struct("=H"), "uint32": struct.Struct("=I"),
+           "uint64": struct.Struct("=Q")}
+_L2TP_ATTRS = {name: (code, kind) for code, name, kind in l2tpmsg.nla_map}
+GENL_HDR = struct.Struct("=BBH")  # struct genlmsghdr: cmd, version, reserved
+CTRL_ATTR_FAMILY_NAME = 2  # linux/genetlink.h
 
 
-def _msg(cmd: int, attrs: Iterable[tuple[str, object]]) -> l2tpmsg:
-    m = l2tpmsg()
-    m["cmd"] = cmd
-    m["version"] = uapi.L2TP_GENL_VERSION
-    m["attrs"] = [[k, v] for k, v in attrs]
-    return m
+def _payload(kind: str, value: Any) -> bytes:
+    packer = _SCALAR.get(kind)
+    if packer is not None:
+        return packer.pack(value)
+    if kind == "asciiz":
+        return str(value).encode() + b"\0"
+    if kind == "cdata":
+        return bytes(value)
+    if kind == "ip4addr":
+        return socket.inet_pton(socket.AF_INET, str(value))
+    if kind == "ip6addr":
+        return socket.inet_pton(socket.AF_INET6, str(value))
+    if kind == "flag":
+        return b""
+    raise ValueError(f"no request carries a {kind} attribute")
 
 
-def build_tunnel_create(spec: TunnelSpec) -> l2tpmsg:
+class Request:
+    """One generic-netlink request: its command, version and attributes
+    (type, payload), encoded with the header ``encode`` is given."""
+
+    __slots__ = ("cmd", "version", "attrs")
+
+    def __init__(self, cmd: int, version: int, attrs: list[tuple[int, bytes]]) -> None:
+        self.cmd, self.version, self.attrs = cmd, version, attrs
+
+    def encode(self, msg_type: int, flags: int, seq: int, pid: int = 0) -> bytes:
+        parts = [b"", GENL_HDR.pack(self.cmd, self.version, 0)]
+        n = NLMSG_HDR.size + GENL_HDR.size
+        for atype, value in self.attrs:
+            alen = NLA_HDR.size + len(value)
+            pad = -alen & 3
+            parts.append(NLA_HDR.pack(alen, atype) + value + b"\0" * pad)
+            n += alen + pad
+        parts[0] = NLMSG_HDR.pack(n, msg_type, flags, seq, pid)
+        return b"".join(parts)
+
+
+def _msg(cmd: int, attrs: Iterable[tuple[str, object]]) -> Request:
+    out = []
+    for name, value in attrs:
+        code, kind = _L2TP_ATTRS[name]
+        out.append((code, _payload(kind, value)))
+    return Request(cmd, uapi.L2TP_GENL_VERSION, out)
+
+
+def build_family_get(name: str) -> Request:
+    """The generic-netlink controller's GETFAMILY for ``name``."""
+    return Request(CTRL_CMD_GETFAMILY, 1, [(CTRL_ATTR_FAMILY_NAME, name.encode() + b"\0")])
+
+
+def build_tunnel_create(spec: TunnelSpec) -> Request:
     a: list[tuple[str, object]] = [
         ("L2TP_ATTR_CONN_ID", spec.tunnel_id),
         ("L2TP_ATTR_PEER_CONN_ID", spec.peer_tunnel_id),
@@ -206,24 +277,24 @@ def build_tunnel_create(spec: TunnelSpec) -> l2tpmsg:
     return _msg(uapi.L2TP_CMD_TUNNEL_CREATE, a)
 
 
-def build_tunnel_delete(tunnel_id: int) -> l2tpmsg:
+def build_tunnel_delete(tunnel_id: int) -> Request:
     return _msg(uapi.L2TP_CMD_TUNNEL_DELETE, [("L2TP_ATTR_CONN_ID", tunnel_id)])
 
 
-def build_tunnel_modify(tunnel_id: int, debug: int | None = None) -> l2tpmsg:
+def build_tunnel_modify(tunnel_id: int, debug: int | None = None) -> Request:
     a: list[tuple[str, object]] = [("L2TP_ATTR_CONN_ID", tunnel_id)]
     if debug is not None:
         a.append(("L2TP_ATTR_DEBUG", debug))
     return _msg(uapi.L2TP_CMD_TUNNEL_MODIFY, a)
 
 
-def build_tunnel_get(tunnel_id: int | None = None) -> l2tpmsg:
+def build_tunnel_get(tunnel_id: int | None = None) -> Request:
     """GET for one tunnel, or (``tunnel_id`` None) the body of a dump."""
     a = [] if tunnel_id is None else [("L2TP_ATTR_CONN_ID", tunnel_id)]
     return _msg(uapi.L2TP_CMD_TUNNEL_GET, a)
 
 
-def build_session_create(spec: SessionSpec) -> l2tpmsg:
+def build_session_create(spec: SessionSpec) -> Request:
     a: list[tuple[str, object]] = [
         ("L2TP_ATTR_CONN_ID", spec.tunnel_id),
         ("L2TP_ATTR_SESSION_ID", spec.session_id),
@@ -258,7 +329,7 @@ def _session_flags(recv_seq: Optional[bool], send_seq: Optional[bool], lns_mode:
     return a
 
 
-def build_session_delete(tunnel_id: int, session_id: int) -> l2tpmsg:
+def build_session_delete(tunnel_id: int, session_id: int) -> Request:
     return _msg(
         uapi.L2TP_CMD_SESSION_DELETE,
         [("L2TP_ATTR_CONN_ID", tunnel_id), ("L2TP_ATTR_SESSION_ID", session_id)],
@@ -273,13 +344,13 @@ def build_session_modify(
     send_seq: bool | None = None,
     lns_mode: bool | None = None,
     recv_timeout_ms: int | None = None,
-) -> l2tpmsg:
+) -> Request:
     a: list[tuple[str, object]] = [("L2TP_ATTR_CONN_ID", tunnel_id), ("L2TP_ATTR_SESSION_ID", session_id)]
     a.extend(_session_flags(recv_seq, send_seq, lns_mode, recv_timeout_ms))
     return _msg(uapi.L2TP_CMD_SESSION_MODIFY, a)
 
 
-def build_session_get(tunnel_id: int | None = None, session_id: int | None = None) -> l2tpmsg:
+def build_session_get(tunnel_id: int | None = None, session_id: int | None = None) -> Request:
     a: list[tuple[str, object]] = []
     if tunnel_id is not None:
         a.append(("L2TP_ATTR_CONN_ID", tunnel_id))
@@ -350,22 +421,51 @@ def parse_session(msg: Any) -> Session:
     )
 
 
+def _attrs(data: bytes, off: int, end: int) -> Iterable[tuple[int, int, int]]:
+    """(type, value offset, value length) of each attribute in data[off:end],
+    flags (NLA_F_NESTED, NLA_F_NET_BYTEORDER) taken off the type."""
+    while off + 4 <= end:
+        alen, atype = NLA_HDR.unpack_from(data, off)
+        if alen < 4 or off + alen > end:
+            return  # malformed: what follows cannot be framed
+        yield atype & 0x3FFF, off + 4, alen - 4
+        off += (alen + 3) & ~3
+
+
 def _ids(data: bytes, off: int, length: int) -> tuple[Optional[int], Optional[int]]:
     """CONN_ID and SESSION_ID of one answer, read from its top-level
     attributes (after struct nlmsghdr and struct genlmsghdr)."""
     tid = sid = None
-    end, off = off + length, off + NLMSG_HDR.size + 4
-    while off + 4 <= end:
-        alen, atype = NLA_HDR.unpack_from(data, off)
-        if alen < 4:
-            break
-        atype &= 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
-        if atype == uapi.L2TP_ATTR_CONN_ID and alen >= 8:
-            tid = U32.unpack_from(data, off + 4)[0]
-        elif atype == uapi.L2TP_ATTR_SESSION_ID and alen >= 8:
-            sid = U32.unpack_from(data, off + 4)[0]
-        off += (alen + 3) & ~3
+    for atype, voff, vlen in _attrs(data, off + NLMSG_HDR.size + 4, off + length):
+        if atype == uapi.L2TP_ATTR_CONN_ID and vlen >= 4:
+            tid = U32.unpack_from(data, voff)[0]
+        elif atype == uapi.L2TP_ATTR_SESSION_ID and vlen >= 4:
+            sid = U32.unpack_from(data, voff)[0]
     return tid, sid
+
+
+# the kernel's counter attribute -> its place in SessionCounters' counters (Stats' order)
+_COUNTER_SLOT = {getattr(uapi, "L2TP_ATTR_" + name.upper()): i for i, name in enumerate(Stats.model_fields)}
+
+
+def _counters(data: bytes, off: int, length: int) -> Optional[SessionCounters]:
+    """A session answer's ids and counters, read from the raw answer as
+    ``_ids`` reads the ids (None without both ids)."""
+    tid = sid = None
+    counts = [0] * len(_COUNTER_SLOT)
+    for atype, voff, vlen in _attrs(data, off + NLMSG_HDR.size + 4, off + length):
+        if atype == uapi.L2TP_ATTR_CONN_ID and vlen >= 4:
+            tid = U32.unpack_from(data, voff)[0]
+        elif atype == uapi.L2TP_ATTR_SESSION_ID and vlen >= 4:
+            sid = U32.unpack_from(data, voff)[0]
+        elif atype == uapi.L2TP_ATTR_STATS:
+            for stype, soff, slen in _attrs(data, voff, voff + vlen):
+                slot = _COUNTER_SLOT.get(stype)
+                if slot is not None and slen >= 8:
+                    counts[slot] = U64.unpack_from(data, soff)[0]
+    if tid is None or sid is None:
+        return None
+    return SessionCounters(tid, sid, *counts)
 
 
 # --------------------------------------------------------------------------
@@ -398,12 +498,8 @@ class L2tpNetlink:
             raise
 
     def _resolve(self, name: str) -> int:
-        m = ctrlmsg()
-        m["cmd"] = CTRL_CMD_GETFAMILY
-        m["version"] = 1
-        m["attrs"] = [["CTRL_ATTR_FAMILY_NAME", name]]
         try:
-            (reply,) = self._exchange(m, GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, ctrlmsg)
+            (reply,) = self._exchange(build_family_get(name), GENL_ID_CTRL, NLM_F_REQUEST | NLM_F_ACK, ctrlmsg)
         except NetlinkError as e:
             if e.code in (errno.ENOENT, errno.ENOTSUP):
                 raise errors.KernelSupportError(
@@ -415,7 +511,7 @@ class L2tpNetlink:
         family: int = reply.get_attr("CTRL_ATTR_FAMILY_ID")
         return family
 
-    def _exchange(self, msg: Any, msg_type: int, flags: int, cls: Any = None) -> list[Any]:
+    def _exchange(self, msg: Request, msg_type: int, flags: int, cls: Any = None) -> list[Any]:
         """Send ``msg``; return the replies of its sequence number, decoded
         as ``cls`` (a message class), or what ``cls(data, offset, length)``
         makes of each raw reply.  Ends at the ack (requests) or NLMSG_DONE
@@ -423,10 +519,7 @@ class L2tpNetlink:
         if self._unfinished:
             self._drain()
         self._seq = seq = self._seq % 0x7FFFFFFF + 1
-        h = msg["header"]
-        h["type"], h["flags"], h["sequence_number"], h["pid"] = msg_type, flags, seq, 0
-        msg.encode()
-        self._sock.send(msg.data)
+        self._sock.send(msg.encode(msg_type, flags, seq))
         self._unfinished = seq
         out = self._answers(seq, cls or l2tpmsg)
         self._unfinished = 0
@@ -484,7 +577,7 @@ class L2tpNetlink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, msg: l2tpmsg, flags: int, what: str, action: str, cls: Any = None) -> list[Any]:
+    def _request(self, msg: Request, flags: int, what: str, action: str, cls: Any = None) -> list[Any]:
         # every request asks for an ack, so that a GET's end is known too
         with self._lock:
             try:
@@ -501,10 +594,18 @@ class L2tpNetlink:
 
     def tunnel_delete(self, tunnel_id: int) -> None:
         self._request(build_tunnel_delete(tunnel_id), NLM_F_REQUEST | NLM_F_ACK, f"tunnel {tunnel_id}", "delete")
-        self._wait_gone(lambda: self.tunnel_get(tunnel_id))
+        self._wait_gone(build_tunnel_get(tunnel_id), f"tunnel {tunnel_id}")
 
-    def _wait_gone(self, get: Callable[[], object]) -> None:
-        """Return once ``get`` says not found, or after 5 s.  The kernel
+    def _listed(self, get: Request, what: str) -> bool:
+        """Whether the kernel answers ``get`` (a GET of one object) with the
+        object: its answer is not decoded, only counted."""
+        try:
+            return bool(self._request(get, NLM_F_REQUEST, what, "get", cls=_ids))
+        except errors.NotFoundError:
+            return False
+
+    def _wait_gone(self, get: Request, what: str) -> None:
+        """Return once the kernel no longer lists the object ``get`` asks for, or after 5 s.  The kernel
         answers a delete before it has taken the object out of its tables:
         6.12 does that in deferred work, 6.1 too for a tunnel (its sessions
         one RCU grace period each: 600 took over 2 s under TCG).  Until then
@@ -512,9 +613,7 @@ class L2tpNetlink:
         cannot be taken again.  After 5 s the delete stands as accepted."""
         delay, end = 0.001, time.monotonic() + 5.0
         while time.monotonic() < end:
-            try:
-                get()
-            except errors.NotFoundError:
+            if not self._listed(get, what):
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
@@ -540,11 +639,7 @@ class L2tpNetlink:
             # (6.12.117: the new one takes the id over); 6.1 refuses it with
             # EEXIST.  Refused here on every kernel, as before.  With an
             # ifname, EEXIST below then means the interface name.
-            try:
-                self.session_get(spec.tunnel_id, spec.session_id)
-            except errors.NotFoundError:
-                pass
-            else:
+            if self._listed(build_session_get(spec.tunnel_id, spec.session_id), spec.describe()):
                 raise errors.from_errno(errno.EEXIST, spec.describe(), "create")
         try:
             self._request(build_session_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
@@ -565,7 +660,7 @@ class L2tpNetlink:
             f"session {session_id} in tunnel {tunnel_id}",
             "delete",
         )
-        self._wait_gone(lambda: self.session_get(tunnel_id, session_id))
+        self._wait_gone(build_session_get(tunnel_id, session_id), f"session {session_id} in tunnel {tunnel_id}")
 
     def session_modify(self, tunnel_id: int, session_id: int, **kw: Any) -> None:
         self._request(
@@ -595,3 +690,11 @@ class L2tpNetlink:
         10,000-session scan took seconds of CPU)."""
         got = self._request(build_session_get(), NLM_F_REQUEST | NLM_F_DUMP, "sessions", "dump", cls=_ids)
         return {(t, s) for t, s in got if t is not None and s is not None}
+
+    def session_counters(self) -> list[SessionCounters]:
+        """Ids and kernel counters of every session, read from the raw dump
+        as ``session_ids`` reads it (a metrics snapshot: decoding each answer
+        with pyroute2 and building a ``Session`` model made a 10,000-session
+        snapshot take 93 s under TCG)."""
+        got = self._request(build_session_get(), NLM_F_REQUEST | NLM_F_DUMP, "sessions", "dump", cls=_counters)
+        return [c for c in got if c is not None]

@@ -69,13 +69,13 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
             if svc.metrics_backend is None:
                 svc.metrics_backend = (NetlinkBackend(netns=svc.backend.netns)
                                   if isinstance(svc.backend, NetlinkBackend) else svc.backend)
-            sessions = [s for s in svc.metrics_backend.session_dump() if (s.tunnel_id, s.session_id) in owned]
+            sessions = [s for s in svc.metrics_backend.session_counters() if (s.tunnel_id, s.session_id) in owned]
         except (errors.PipexError, OSError) as e:
             error = str(e)
     sessions.sort(key=lambda s: (s.tunnel_id, s.session_id))
     fields = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
     listed = [{"tunnel_id": s.tunnel_id, "session_id": s.session_id, "peer": owned[(s.tunnel_id, s.session_id)],
-               **{f: getattr(s.stats, f) for f in fields}} for s in sessions[: svc.max_session_series]]
+               **{f: getattr(s, f) for f in fields}} for s in sessions[: svc.max_session_series]]
     rest = sessions[svc.max_session_series:]
     return {
         "calls": [{"role": r, "data_path": d, "count": n} for (r, d), n in sorted(calls.items())],
@@ -87,7 +87,7 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
         "reconcile": {"runs": svc.reconciles, "adopted": stats["adopted"],
                       "orphans_removed": stats["orphans_removed"]},
         "sessions": listed,
-        "sessions_not_listed": {"count": len(rest), **{f: sum(getattr(s.stats, f) for s in rest) for f in fields}},
+        "sessions_not_listed": {"count": len(rest), **{f: sum(getattr(s, f) for s in rest) for f in fields}},
         "channel_latency_ms": percentiles([x * 1000 for x in svc.latencies_now()]),
         "channel_latency_histogram": histogram(svc),
         "kernel_error": error,

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
-from pipexctl.model import Endpoint, PwType, SessionSpec, TunnelSpec
+from pipexctl.model import Endpoint, PwType, SessionCounters, SessionSpec, TunnelSpec
 from pipexctl.testing.lab import fd_kinds
 
 from .conftest import ip_l2tp
@@ -55,7 +55,8 @@ def test_threads_share_one_socket_in_the_backends_namespace(pair):
 
 
 def test_a_dump_of_many_answers_is_whole_and_the_socket_stays_usable(pair):
-    """600 sessions: the kernel splits the dump over several 32 KiB answers."""
+    """600 sessions: the kernel splits the dump over several 32 KiB answers;
+    each raw reader (ids, counters) reads them all as the decoder does."""
     b = NetlinkBackend(netns=pair.a)
     try:
         b.tunnel_create(TunnelSpec(tunnel_id=310, peer_tunnel_id=410, version=2,
@@ -65,7 +66,11 @@ def test_a_dump_of_many_answers_is_whole_and_the_socket_stays_usable(pair):
                                          pw_type=PwType.ppp))
         want = {(310, sid) for sid in range(1, 601)}
         assert b.session_ids() == want
-        assert {(s.tunnel_id, s.session_id) for s in b.session_dump()} == want
+        dumped = b.session_dump()
+        assert {(s.tunnel_id, s.session_id) for s in dumped} == want
+        # the raw counters reader (metrics) gives the decoder's ids and counters
+        assert sorted(b.session_counters()) == sorted(
+            SessionCounters(s.tunnel_id, s.session_id, *s.stats.model_dump().values()) for s in dumped)
         assert len([x for x in ip_l2tp(pair.a, "session") if x["tunnel_id"] == 310]) == 600
         assert b.session_get(310, 600).peer_session_id == 600  # a request right after a dump
     finally:

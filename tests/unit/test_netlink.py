@@ -11,10 +11,7 @@ from pipexctl.kernel import netlink as n
 
 
 def _families(nl: n.L2tpNetlink) -> list[str]:
-    m = n.ctrlmsg()
-    m["cmd"] = n.CTRL_CMD_GETFAMILY
-    m["version"] = 1
-    m["attrs"] = []
+    m = n.Request(n.CTRL_CMD_GETFAMILY, 1, [])
     return [x.get_attr("CTRL_ATTR_FAMILY_NAME") for x in
             nl._exchange(m, n.GENL_ID_CTRL, n.NLM_F_REQUEST | n.NLM_F_DUMP, n.ctrlmsg)]
 
@@ -29,13 +26,8 @@ def test_resolves_a_family_and_dumps_to_the_end():
 
 def test_an_answer_of_an_earlier_request_is_skipped():
     with n.L2tpNetlink("nlctrl") as nl:
-        m = n.ctrlmsg()
-        m["cmd"] = n.CTRL_CMD_GETFAMILY
-        m["version"] = 1
-        m["attrs"] = [["CTRL_ATTR_FAMILY_NAME", "nlctrl"]]
-        m["header"].update(type=n.GENL_ID_CTRL, flags=n.NLM_F_REQUEST | n.NLM_F_ACK, sequence_number=999999, pid=0)
-        m.encode()
-        nl._sock.send(m.data)  # answered, never read: the next request must not take it for its own
+        m = n.build_family_get("nlctrl").encode(n.GENL_ID_CTRL, n.NLM_F_REQUEST | n.NLM_F_ACK, 999999)
+        nl._sock.send(m)  # answered, never read: the next request must not take it for its own
         assert "nlctrl" in _families(nl)
 
 
@@ -101,10 +93,7 @@ def test_a_request_interrupted_mid_answer_does_not_spoil_the_next():
             raise KeyboardInterrupt  # e.g. Ctrl-C while a dump's answers are read
 
     with n.L2tpNetlink("nlctrl") as nl:
-        m = n.ctrlmsg()
-        m["cmd"] = n.CTRL_CMD_GETFAMILY
-        m["version"] = 1
-        m["attrs"] = []
+        m = n.Request(n.CTRL_CMD_GETFAMILY, 1, [])
         with pytest.raises(KeyboardInterrupt):
             nl._exchange(m, n.GENL_ID_CTRL, n.NLM_F_REQUEST | n.NLM_F_DUMP, Boom)
         assert nl._unfinished

@@ -1,8 +1,10 @@
-"""Every request builder against an independent encoder (golden bytes).
+"""Every request builder against an independent encoder (golden bytes),
+and against pyroute2's codec.
 
 The expected bytes are packed here with ``struct`` straight from the
-attribute table of linux/l2tp.h, not with pyroute2, so a wrong attribute
-type, size, order or padding in ``pipexctl.kernel.netlink`` fails.
+attribute table of linux/l2tp.h, so a wrong attribute type, size, order or
+padding in ``pipexctl.kernel.netlink`` fails; and pyroute2, which decodes
+the kernel's answers, must read each request and write the same bytes back.
 """
 
 from __future__ import annotations
@@ -36,13 +38,29 @@ def golden(cmd: int, *attrs: bytes) -> bytes:
     return struct.pack("=IHHII", 16 + len(body), FAMILY, FLAGS, SEQ, PID) + body
 
 
-def encoded(msg) -> bytes:
-    msg["header"]["type"] = FAMILY
-    msg["header"]["flags"] = FLAGS
-    msg["header"]["sequence_number"] = SEQ
-    msg["header"]["pid"] = PID
-    msg.encode()
-    return bytes(msg.data)
+def encoded(req) -> bytes:
+    """The library's bytes for ``req``; also checked against pyroute2:
+    its decoder reads them and its encoder writes the same bytes back."""
+    raw = req.encode(FAMILY, FLAGS, SEQ, PID)
+    m = nl.l2tpmsg(raw)
+    m.decode()
+    again = nl.l2tpmsg()
+    again["cmd"], again["version"] = m["cmd"], m["version"]
+    again["attrs"] = [[name, value] for name, value in m["attrs"]]
+    again["header"].update(type=FAMILY, flags=FLAGS, sequence_number=SEQ, pid=PID)
+    again.encode()
+    assert bytes(again.data) == raw, "pyroute2 does not write back what it read"
+    return raw
+
+
+def answer(cmd: int, attrs) -> bytes:
+    """A kernel answer as pyroute2 encodes it (nested stats included)."""
+    m = nl.l2tpmsg()
+    m["cmd"], m["version"] = cmd, uapi.L2TP_GENL_VERSION
+    m["attrs"] = [[k, v] for k, v in attrs]
+    m["header"]["type"] = 30
+    m.encode()
+    return bytes(m.data)
 
 
 A = uapi
@@ -185,10 +203,45 @@ def test_session_ids_read_from_the_raw_answer_match_the_decoder():
                   [("L2TP_ATTR_PEER_SESSION_ID", 9), ("L2TP_ATTR_IFNAME", "l2tpeth12345"),
                    ("L2TP_ATTR_SESSION_ID", 1), ("L2TP_ATTR_COOKIE", b"\x01\x02\x03"), ("L2TP_ATTR_CONN_ID", 4)],
                   [("L2TP_ATTR_STATS", {"attrs": [("L2TP_ATTR_TX_PACKETS", 5)]}), ("L2TP_ATTR_CONN_ID", 3)]):
-        m = n._msg(n.uapi.L2TP_CMD_SESSION_GET, attrs)
-        m["header"]["type"] = 30
-        m.encode()
-        data = b"pad!" + bytes(m.data)  # not at offset 0, as in a multi-message answer
+        data = b"pad!" + answer(n.uapi.L2TP_CMD_SESSION_GET, attrs)  # not at offset 0, as in a multi-message answer
         d = n.l2tpmsg(data[4:])
         d.decode()
         assert n._ids(data, 4, len(data) - 4) == (d.get_attr("L2TP_ATTR_CONN_ID"), d.get_attr("L2TP_ATTR_SESSION_ID"))
+
+
+def test_session_counters_read_from_the_raw_answer_match_the_decoder():
+    """session_counters() reads the ids and the nested counters without
+    pyroute2's decoder or a model: the values parse_session gives, wherever
+    the stats nest sits and whichever counters the kernel sends."""
+    from pipexctl.kernel import netlink as n
+    from pipexctl.model import SessionCounters, Stats
+
+    every = [("L2TP_ATTR_" + f.upper(), (i + 1) * 1_000_000_007) for i, f in enumerate(Stats.model_fields)]
+    for stats in (every, [("L2TP_ATTR_RX_BYTES", 2**63 + 5), ("L2TP_ATTR_TX_ERRORS", 1)], []):
+        for attrs in ([("L2TP_ATTR_CONN_ID", 70000), ("L2TP_ATTR_SESSION_ID", 65535),
+                       ("L2TP_ATTR_STATS", {"attrs": stats})],
+                      [("L2TP_ATTR_STATS", {"attrs": stats}), ("L2TP_ATTR_IFNAME", "l2tpeth7"),
+                       ("L2TP_ATTR_SESSION_ID", 1), ("L2TP_ATTR_COOKIE", b"\x01\x02\x03"), ("L2TP_ATTR_CONN_ID", 4)]):
+            data = b"pad!" + answer(n.uapi.L2TP_CMD_SESSION_GET, attrs)
+            d = n.l2tpmsg(data[4:])
+            d.decode()
+            want = n.parse_session(d)
+            got = n._counters(data, 4, len(data) - 4)
+            assert got == SessionCounters(want.tunnel_id, want.session_id, *want.stats.model_dump().values())
+    # without a session id (not a session answer) there is nothing to count
+    raw = answer(n.uapi.L2TP_CMD_SESSION_GET, [("L2TP_ATTR_CONN_ID", 3)])
+    assert n._counters(raw, 0, len(raw)) is None
+
+
+def test_raw_readers_stop_at_an_attribute_that_overruns_its_message():
+    """An attribute whose length runs past its message is not read (nor
+    anything after it): the readers never take bytes of the next answer."""
+    from pipexctl.kernel import netlink as n
+
+    hdr = n.NLMSG_HDR.pack(0, 30, 0, 1, 0) + b"\x01\x01\x00\x00"
+    good = struct.pack("=HHI", 8, n.uapi.L2TP_ATTR_CONN_ID, 9)
+    bad = struct.pack("=HHI", 200, n.uapi.L2TP_ATTR_SESSION_ID, 7)
+    body = hdr + good + bad
+    data = body + struct.pack("=HHI", 8, n.uapi.L2TP_ATTR_SESSION_ID, 5)  # the next answer's bytes
+    assert n._ids(data, 0, len(body)) == (9, None)
+    assert n._counters(data, 0, len(body)) is None

@@ -36,6 +36,8 @@ import contextlib
 import json
 import os
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -44,10 +46,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipexctl import netns  # noqa: E402
+from pipexctl.kernel import netlink as nlmod  # noqa: E402
 from pipexctl.kernel.netlink import L2tpNetlink  # noqa: E402
 from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec  # noqa: E402
 
 NS = "pxbenchcp"
+SPLIT_TUNNEL = 9999  # the L2TPv2 tunnel of the request and dump splits (tunnels() numbers from 1)
 
 
 @contextlib.contextmanager
@@ -116,6 +120,139 @@ def lib_run(nl: L2tpNetlink, where: list[tuple[int, int]], curve: bool = False, 
     if curve:
         r["curve_per_op_us"] = [x * 1e6 for x in blocks]
     return r
+
+
+class Floor:
+    """The kernel's own time for a request, as near as user space can time
+    it: the request's bytes encoded beforehand, one send() on a plain
+    generic-netlink socket, its answers read with recv() up to the ack or
+    NLMSG_DONE, nothing decoded.  What the library spends beyond this on
+    the same request is its overhead."""
+
+    def __init__(self, family: int) -> None:
+        self.family = family
+        self.seq = 1 << 20  # apart from the library socket's (each socket has its own anyway)
+        self.buf = bytearray(1 << 16)
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, nlmod.NETLINK_GENERIC)
+        self.sock.bind((0, 0))
+        self.sock.setsockopt(nlmod.SOL_NETLINK, nlmod.NETLINK_CAP_ACK, 1)
+
+    def encode(self, msg, dump: bool = False) -> tuple[int, bytes]:
+        self.seq += 1
+        flags = nlmod.NLM_F_REQUEST | (nlmod.NLM_F_DUMP if dump else nlmod.NLM_F_ACK)
+        if isinstance(msg, getattr(nlmod, "Request", ())):  # this tree
+            return self.seq, msg.encode(self.family, flags, self.seq)
+        h = msg["header"]  # a pyroute2 message (a tree before 2026-12-04, run for an A/B)
+        h["type"], h["flags"], h["sequence_number"], h["pid"] = self.family, flags, self.seq, 0
+        msg.encode()
+        return self.seq, bytes(msg.data)
+
+    def run(self, req: tuple[int, bytes]) -> int:
+        """Send; read to the end; the errno of the answer (0: done)."""
+        seq, data = req
+        self.sock.send(data)
+        while True:
+            n = self.sock.recv_into(self.buf)
+            off = 0
+            while off + 16 <= n:
+                length, typ, _, rseq, _ = nlmod.NLMSG_HDR.unpack_from(self.buf, off)
+                if rseq == seq and typ in (nlmod.NLMSG_ERROR, nlmod.NLMSG_DONE):
+                    return -nlmod.ERRNO.unpack_from(self.buf, off + 16)[0]
+                off += (length + 3) & ~3
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _ms(xs: list[float]) -> dict:
+    return {"median_us": round(statistics.median(xs) * 1e6, 1), "mean_us": round(statistics.mean(xs) * 1e6, 1)}
+
+
+def request_split(nl: L2tpNetlink, tid: int, n: int) -> dict:
+    """Each request the offload makes per session (L2TPv2 PPP, in the
+    L2TPv2 tunnel ``tid``), through the library and
+    as the floor (``Floor``), interleaved one by one on the same tunnel so
+    that both see the same table sizes and the same machine: session i
+    through the library, session i + n as its floor.  A library delete
+    waits until the kernel no longer lists the session (one more GET, that
+    answers ENOENT); its floor is the DELETE plus that one GET."""
+    fl = Floor(nl.family)
+    lib: dict[str, list[float]] = {"create": [], "get": [], "delete": []}
+    flo: dict[str, list[float]] = {"create": [], "get": [], "delete": [], "delete_request_only": []}
+    pc = time.perf_counter
+
+    def spec(s: int) -> SessionSpec:
+        return SessionSpec(tunnel_id=tid, session_id=s, peer_session_id=s, version=2, pw_type=PwType.ppp)
+
+    try:
+        for s in range(1, n + 1):
+            sp = spec(s)  # the caller's, as the offload builds it: not the library's time
+            t = pc()
+            nl.session_create(sp)
+            lib["create"].append(pc() - t)
+            req = fl.encode(nlmod.build_session_create(spec(s + n)))
+            t = pc()
+            rc = fl.run(req)
+            flo["create"].append(pc() - t)
+            assert rc == 0, rc
+        for s in range(1, n + 1):
+            t = pc()
+            nl.session_get(tid, s)
+            lib["get"].append(pc() - t)
+            req = fl.encode(nlmod.build_session_get(tid, s + n))
+            t = pc()
+            fl.run(req)
+            flo["get"].append(pc() - t)
+        for s in range(1, n + 1):
+            t = pc()
+            nl.session_delete(tid, s)
+            lib["delete"].append(pc() - t)
+            d, g = fl.encode(nlmod.build_session_delete(tid, s + n)), fl.encode(nlmod.build_session_get(tid, s + n))
+            t = pc()
+            rc = fl.run(d)
+            t1 = pc()
+            fl.run(g)
+            t2 = pc()
+            flo["delete"].append(t2 - t)
+            flo["delete_request_only"].append(t1 - t)
+            assert rc == 0, rc
+    finally:
+        fl.close()
+    out: dict = {"sessions": n}
+    for op in lib:
+        a, b = _ms(lib[op]), _ms(flo[op])
+        out[op] = {"library": a, "floor": b, "overhead_us": round(a["median_us"] - b["median_us"], 1),
+                   "overhead_per_kernel": round((a["median_us"] - b["median_us"]) / b["median_us"], 2)}
+    out["delete"]["floor_request_only"] = _ms(flo["delete_request_only"])
+    return out
+
+
+def dump_split(nl: L2tpNetlink, tid: int, n: int, runs: int = 3) -> dict:
+    """A dump of n sessions (L2TPv2 PPP, in tunnel ``tid``): decoded into models (``session_dump``), ids
+    only (``session_ids``: discovery's scan), ids and counters
+    (``session_counters``: a metrics snapshot), and the floor (every answer
+    read, nothing decoded); interleaved, ``runs`` times each."""
+    for s in range(1, n + 1):
+        nl.session_create(SessionSpec(tunnel_id=tid, session_id=s, peer_session_id=s, version=2, pw_type=PwType.ppp))
+    fl = Floor(nl.family)
+    times: dict[str, list[float]] = {"models": [], "ids": [], "counters": [], "floor": []}
+    try:
+        for _ in range(runs):
+            for name, f in (("models", nl.session_dump), ("ids", nl.session_ids),
+                            ("counters", getattr(nl, "session_counters", None)),
+                            ("floor", lambda: fl.run(fl.encode(nlmod.build_session_get(), dump=True)))):
+                if f is None:  # an older tree
+                    continue
+                t = time.perf_counter()
+                got = f()
+                times[name].append(time.perf_counter() - t)
+                assert name == "floor" or len(got) == n, (name, len(got))
+    finally:
+        fl.close()
+        for s in range(1, n + 1):
+            nl.session_delete(tid, s)
+    return {"sessions": n, **{k: {"median_s": round(statistics.median(v), 3), "runs_s": [round(x, 3) for x in v]}
+                              for k, v in times.items() if v}}
 
 
 RCU_EXPEDITED = "/sys/kernel/rcu_expedited"
@@ -263,6 +400,10 @@ def main() -> int:
                         "measured at 1,000 sessions beside them) or as the kernel ships them for every phase")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "controlplane.json"))
     p.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--split-only", action="store_true",
+                   help="only the request split (--split-sessions) and the dump split (--dump-sessions)")
+    p.add_argument("--split-sessions", type=int, default=1000)
+    p.add_argument("--dump-sessions", type=int, default=10000)
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="only: cProfile of the library creating and deleting N PPP sessions in one tunnel "
                         "(grace periods as --rcu says), the top functions by own time to stdout")
@@ -287,6 +428,21 @@ def main() -> int:
         res["rcu_expedited_before"] = before
         nl = L2tpNetlink()
         one = tunnels(nl, 1)
+        v2 = SPLIT_TUNNEL
+        nl.tunnel_create(TunnelSpec(tunnel_id=v2, peer_tunnel_id=v2, version=2, encap=Encap.udp,
+                                    local=Endpoint.parse("127.0.0.1:19999"), remote=Endpoint.parse("127.0.0.1:39999")))
+        res["request_split"] = request_split(nl, v2, a.split_sessions)
+        print("request split", json.dumps(res["request_split"]), flush=True)
+        if a.dump_sessions:
+            res["dump_split"] = dump_split(nl, v2, a.dump_sessions)
+            print("dump split", json.dumps(res["dump_split"]), flush=True)
+        delete_tunnels(nl, [v2])
+        phase("split")
+        if a.split_only:
+            delete_tunnels(nl, one)
+            nl.close()
+            Path(a.out).write_text(json.dumps(res, indent=1))
+            return 0
         for n in [x for x in sizes if x <= a.ip_max]:
             r = {"lib": lib_run(nl, placement(n, one), pw=PwType.eth), "ip": ip_run(placement(n, one))}
             r["speedup"] = r["ip"]["per_op_us"] / r["lib"]["per_op_us"]

@@ -12,7 +12,8 @@ guest (`make scale` stops at a few hundred real calls there, docs/offload.md).
 Every STEP calls: the process's fds and RSS, the kernel's session count
 (/proc/net/pppol2tp), the state file's size, and the p50/p99 of the last
 STEP offloads; at the end, the time of one `status` and one `metrics`
-report, then the drop of every tunnel and what is left (sessions, fds).
+report (and, beside it, the decoded dump the metrics report read before
+2026-12-04), then the drop of every tunnel and what is left (sessions, fds).
 The drops run with /sys/kernel/rcu_expedited=1 (bench/controlplane.py
 says why).  Not a test: it asserts nothing.
 
@@ -28,6 +29,7 @@ import resource
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 if "PYTHONPATH" not in os.environ:
@@ -67,9 +69,13 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=10000)
     p.add_argument("--step", type=int, default=1000)
     p.add_argument("--max-seconds", type=float, default=2400, help="stop filling after this long (reported)")
+    p.add_argument("--trace", action="store_true",
+                   help="tracemalloc from the start: the largest allocations while N calls are held (slower)")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "holdcalls.json"))
     a = p.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+    if a.trace:
+        tracemalloc.start(3)
     setup()
     d = tempfile.mkdtemp()
     backend = NetlinkBackend()
@@ -109,11 +115,24 @@ def main() -> int:
     t = time.monotonic()
     svc.status()
     rec["status_ms"] = round((time.monotonic() - t) * 1000, 1)
+    rec["rss_mib_held"] = rss_mib()
+    if a.trace:
+        snap = tracemalloc.take_snapshot()
+        rec["traced_mib"] = round(sum(st.size for st in snap.statistics("filename")) / 2**20, 1)
+        rec["traced_top"] = [f"{st.size / 2**20:.2f} MiB {st.count} blocks {st.traceback}"
+                             for st in snap.statistics("lineno")[:25]]
+        tracemalloc.stop()
     t = time.monotonic()
-    svc.metrics()
+    m = svc.metrics()
     rec["metrics_ms"] = round((time.monotonic() - t) * 1000, 1)
-    print(json.dumps({"held": rec["held"], "status_ms": rec["status_ms"], "metrics_ms": rec["metrics_ms"]}),
-          flush=True)
+    rec["metrics_sessions"] = len(m["sessions"]) + m["sessions_not_listed"]["count"]
+    # what the report read before its counters came raw (2026-12-04: 93 s at 10,000), same boot
+    t = time.monotonic()
+    decoded = backend.session_dump()
+    rec["decoded_dump_ms"] = round((time.monotonic() - t) * 1000, 1)
+    del decoded
+    print(json.dumps({k: rec[k] for k in ("held", "status_ms", "metrics_ms", "metrics_sessions", "decoded_dump_ms",
+                                          "rss_mib_held")}), flush=True)
     with rcu_expedited("1") as before:
         rec["rcu_expedited_before"] = before
         t = time.monotonic()

@@ -178,6 +178,19 @@ def cp_table(cp: dict) -> str:
     sp = [r["speedup"] for r in cp.get("eth_vs_ip", []) if r["lib"]["sessions"] == 1000]
     if sp:
         out.append(f"- library vs ip l2tp at 1,000 sessions (target >= 20): {sp[0]:.1f}x")
+    rs = cp.get("request_split")
+    if rs:
+        out += ["", f"Request split ({rs['sessions']:,} L2TPv2 PPP sessions, interleaved; floor: the request's bytes "
+                "encoded beforehand, send, answers read, nothing decoded; target: overhead <= floor):", "",
+                "| request | library us | floor us | overhead / floor |", "|---|---|---|---|"]
+        for op in ("create", "get", "delete"):
+            r = rs[op]
+            out.append(f"| session {op} | {r['library']['median_us']:.0f} | {r['floor']['median_us']:.0f} | "
+                       f"{r['overhead_per_kernel']:.2f} |")
+    ds = cp.get("dump_split")
+    if ds:
+        out.append(f"- a dump of {ds['sessions']:,} sessions, median s: " + ", ".join(
+            f"{k} {ds[k]['median_s']:.2f}" for k in ("models", "counters", "ids", "floor") if k in ds))
     if cp.get("phase_seconds"):
         out.append("- control-plane phases, seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in cp["phase_seconds"].items()))
     rss = cp.get("serve_rss", [])

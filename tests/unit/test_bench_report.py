@@ -125,3 +125,20 @@ def test_the_live_move_rows_show_each_runs_ratio_and_a_failed_run_as_failed():
     assert "| 2 | failed: not moved within 60 s |" in md
     assert "| 3 | failed: RuntimeError: pipexctl serve did not start |" in md
     assert run.livemove_table({}) == ""
+
+
+def test_request_split_rows_and_the_dump_split_line():
+    run = _run_module()
+
+    def op(lib_us, floor_us):
+        return {"library": {"median_us": lib_us}, "floor": {"median_us": floor_us},
+                "overhead_per_kernel": round((lib_us - floor_us) / floor_us, 2)}
+
+    cp = {"request_split": {"sessions": 500, "create": op(600.0, 300.0), "get": op(900.0, 300.0),
+                            "delete": op(800.0, 400.0)},
+          "dump_split": {"sessions": 10000, "models": {"median_s": 67.0}, "counters": {"median_s": 4.5},
+                         "ids": {"median_s": 3.6}, "floor": {"median_s": 2.7}}}
+    md = run.cp_table(cp)
+    assert "| session create | 600 | 300 | 1.00 |" in md
+    assert "| session get | 900 | 300 | 2.00 |" in md
+    assert "a dump of 10,000 sessions, median s: models 67.00, counters 4.50, ids 3.60, floor 2.70" in md

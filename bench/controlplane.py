@@ -43,7 +43,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if "PYTHONPATH" not in os.environ:  # an A/B runs an older tree through PYTHONPATH
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipexctl import netns  # noqa: E402
 from pipexctl.kernel import netlink as nlmod  # noqa: E402

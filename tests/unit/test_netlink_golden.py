@@ -245,3 +245,9 @@ def test_raw_readers_stop_at_an_attribute_that_overruns_its_message():
     data = body + struct.pack("=HHI", 8, n.uapi.L2TP_ATTR_SESSION_ID, 5)  # the next answer's bytes
     assert n._ids(data, 0, len(body)) == (9, None)
     assert n._counters(data, 0, len(body)) is None
+
+
+def test_session_counters_carry_exactly_stats_fields_in_order():
+    from pipexctl.model import SessionCounters, Stats
+
+    assert SessionCounters._fields == ("tunnel_id", "session_id", *Stats.model_fields)

@@ -183,8 +183,9 @@ class l2tpmsg(genlmsg):  # type: ignore[misc]  # pyroute2 ships no types
 # Requests: encoded here with struct, from the attribute table above.
 #
 # pyroute2's encoder cost most of a request: 89 us natively for a session
-# create (this: about 5), and under TCG 17 times the kernel's own time for
-# the request (bench/controlplane.py's request split).  Request attributes
+# create (this: about 5); under TCG the library's create took 2.2-2.3 ms
+# with it and 0.39-0.41 ms without, the kernel's own time being about 0.2
+# (bench/controlplane.py's request split, docs/kernel-library.md).  Request attributes
 # are flat scalars, so packing them is a few lines; pyroute2 still decodes
 # the kernel's answers, and tests/unit/test_netlink_golden.py pins these
 # bytes to pyroute2's encoder and to an independent one.

@@ -19,6 +19,7 @@ def _refused(self: object, *a: Any, **k: Any) -> Any:
 
 
 class Indexed(dict[K, V]):
+    __slots__ = ()  # a subclass with slots of its own then has no __dict__
     update = setdefault = popitem = __ior__ = __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = _refused
 
     def _added(self, key: K, value: V) -> None:

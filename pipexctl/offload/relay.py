@@ -48,6 +48,15 @@ def key_of(sock: socket.socket) -> Key:
     return (*sock.getsockname(), *sock.getpeername())
 
 
+def _peer(sock: socket.socket) -> tuple[str, int]:
+    """A tunnel socket's peer address and port (("?", 0) if it has none any more)."""
+    try:
+        host, port = sock.getpeername()
+        return host, port
+    except OSError:
+        return "?", 0
+
+
 def _identity(sock: socket.socket) -> int:
     """The socket itself (its inode, shared by every dup): two tunnels can
     have sockets with the same addresses on Linux 6.11+."""
@@ -120,8 +129,8 @@ class Relay:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
-        # (op, our copy of the socket to add or the event a detach waits on, (its identity, its addresses))
-        self._pending: list[tuple[str, Any, tuple[int, Optional[Key]]]] = []
+        # (op, our copy of the socket to add or the event a detach waits on, the socket's identity)
+        self._pending: list[tuple[str, Any, int]] = []
         self._by_ident: dict[int, socket.socket] = {}  # the relay thread's own: our copy of each socket relayed
         self._target: tuple[float, Optional[str]] = (0.0, None)  # when read, xl2tpd's address
         self._warned: dict[tuple[str, int], float] = {}  # (peer, port) -> when its dropped SCCRQ was last logged
@@ -133,14 +142,14 @@ class Relay:
         self._thread.start()
 
     def attach(self, sock: socket.socket) -> None:
-        self._change(("add", sock.dup(), (_identity(sock), key_of(sock))))
+        self._change(("add", sock.dup(), _identity(sock)))
 
     def detach(self, sock: socket.socket, wait: bool = False) -> None:
         """Stop relaying ``sock``.  With ``wait``, return once the relay
         thread has let go of its copy (at most 2 s), so that no datagram
         arriving afterwards is read by the relay."""
         done = threading.Event()
-        self._change(("del", done, (_identity(sock), None)))
+        self._change(("del", done, _identity(sock)))
         if wait and self._thread.is_alive() and threading.current_thread() is not self._thread:
             done.wait(2.0)
 
@@ -154,7 +163,7 @@ class Relay:
         os.close(self._wake_r)
         os.close(self._wake_w)
 
-    def _change(self, change: tuple[str, Any, tuple[int, Optional[Key]]]) -> None:
+    def _change(self, change: tuple[str, Any, int]) -> None:
         with self._lock:
             self._pending.append(change)
         self._kick()
@@ -168,12 +177,14 @@ class Relay:
     def _apply_pending(self) -> None:
         with self._lock:
             todo, self._pending = self._pending, []
-        for op, obj, data in todo:
-            self._drop(data[0])  # attaching a socket twice keeps one copy
+        for op, obj, ident in todo:
+            self._drop(ident)  # attaching a socket twice keeps one copy
             if op == "add":
                 obj.setblocking(False)
-                self.sel.register(obj, selectors.EVENT_READ, (*data, obj))  # (ident, key, the socket)
-                self._by_ident[data[0]] = obj
+                # the socket alone: its peer is read when a packet needs it (one
+                # tuple and two strings less per tunnel held)
+                self.sel.register(obj, selectors.EVENT_READ, obj)
+                self._by_ident[ident] = obj
             else:
                 obj.set()
 
@@ -196,7 +207,7 @@ class Relay:
                         except BlockingIOError:
                             pass
                         continue
-                    self._drain(k.data[2], k.data[1])
+                    self._drain(k.data)
             except Exception:  # the tunnels' control depends on this thread: never let it die
                 self.errors += 1
                 log.exception("relay: unexpected error; relaying on")
@@ -206,8 +217,8 @@ class Relay:
         self._by_ident.clear()
         self.sel.close()
 
-    def _drain(self, sock: socket.socket, key: Key) -> None:
-        _, _, peer, peer_port = key
+    def _drain(self, sock: socket.socket) -> None:
+        peer: Optional[tuple[str, int]] = None
         for _ in range(64):  # then let the other sockets have a turn
             try:
                 data = sock.recv(MAX_DATAGRAM)
@@ -216,10 +227,12 @@ class Relay:
             except OSError as e:
                 # an ICMP error is reported on a connected UDP socket: read on
                 if e.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
-                    log.warning("relay: reading the tunnel socket to %s:%d: %s", peer, peer_port, e.strerror)
+                    log.warning("relay: reading the tunnel socket to %s:%d: %s", *_peer(sock), e.strerror)
                     self.errors += 1
                 continue
-            self._hand_over(data, peer, peer_port)
+            if peer is None:
+                peer = _peer(sock)
+            self._hand_over(data, *peer)
 
     def _xl2tpd_address(self) -> Optional[str]:
         """xl2tpd's listening address, read again at most once a second

@@ -90,26 +90,27 @@ def reason_label(e: Exception) -> str:
 
 
 class Records(Indexed[int, SessionRecord]):
-    """A tunnel's offloaded sessions by call id, each also kept encoded for
-    the state file; every change tells the tunnel table (``changed``)."""
+    """A tunnel's offloaded sessions by call id; every change marks the
+    tunnel for the state file's next encoding (its table, once in one)."""
+
+    __slots__ = ("_table", "_key")  # one per tunnel held: no __dict__
 
     def __init__(self, recs: Optional[dict[int, SessionRecord]] = None) -> None:
         super().__init__()
-        self.encoded: dict[int, bytes] = {}
-        self.changed: Callable[[], None] = lambda: None
+        self._table: Optional[TunnelTable] = None
+        self._key: Optional[TunnelKey] = None
         for k, v in (recs or {}).items():
             self[k] = v
 
     def _added(self, call_id: int, rec: SessionRecord) -> None:
-        self.encoded[call_id] = statefile.encode_session(rec)
-        self.changed()
+        if self._table is not None and self._key is not None:
+            self._table.changed(self._key, self)
 
     def _removed(self, call_id: int, rec: SessionRecord) -> None:
-        del self.encoded[call_id]
-        self.changed()
+        self._added(call_id, rec)
 
 
-@dataclass
+@dataclass(slots=True)
 class TunnelState:
     instance: str
     tunnel_id: int
@@ -122,35 +123,33 @@ class TunnelState:
     records: Records = field(default_factory=Records)  # by call id: the offloaded sessions
     xl2tpd_pid: Optional[int] = None  # the verified parent of its pppds (None: not known, an old record)
     down: Optional[str] = None  # discovery said it ended while pppds still ran: why
-    _head: Optional[bytes] = field(default=None, init=False, repr=False, compare=False)  # its own fields, encoded
+    _made: bool = field(default=False, init=False, repr=False, compare=False)
 
-    # what the state file says of the tunnel itself: encoded once, so fixed once made
+    # what the state file says of the tunnel itself: re-encoded only when
+    # its sessions change, so fixed once made
     FILE_FIELDS = frozenset({"instance", "tunnel_id", "peer_tunnel_id", "local", "peer", "peer_port", "local_port",
                              "xl2tpd_pid", "records"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.records, Records):
-            self.records = Records(self.records)
+            object.__setattr__(self, "records", Records(self.records))
         object.__setattr__(self, "_made", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.FILE_FIELDS and self.__dict__.get("_made"):
+        if name in TunnelState.FILE_FIELDS and getattr(self, "_made", False):
             raise AttributeError(f"TunnelState.{name} is fixed once the tunnel is made (the state file encodes it)")
         object.__setattr__(self, name, value)
 
-    def record(self, sessions: bool = True) -> TunnelRecord:
+    def record(self) -> TunnelRecord:
         return TunnelRecord(instance=self.instance, tunnel_id=self.tunnel_id, peer_tunnel_id=self.peer_tunnel_id,
                             local=self.local, peer=self.peer, peer_port=self.peer_port,
-                            local_port=self.local_port, sessions=list(self.records.values()) if sessions else [],
+                            local_port=self.local_port, sessions=list(self.records.values()),
                             xl2tpd_pid=self.xl2tpd_pid)
 
-    def encoded(self) -> statefile.EncodedTunnel:
-        """The tunnel as the state file has it: its fields encoded once, its
-        sessions as each was encoded when recorded (a copy of the list: the
-        write joins them later, without the lock)."""
-        if self._head is None:
-            self._head = statefile.encode_tunnel_head(self.record(sessions=False))
-        return statefile.EncodedTunnel(self._head, list(self.records.encoded.values()))
+    def encoded(self) -> bytes:
+        """The tunnel as the state file has it (its sessions as each was
+        encoded when recorded)."""
+        return statefile.encode_tunnel(self, self.records.values())
 
 
 TunnelKey = tuple[str, int]  # (xl2tpd instance, tunnel id)
@@ -164,9 +163,11 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
     encoded tunnels (re-encoded only when changed) and the count of
     tunnels per address pair (the twin test)."""
 
+    __slots__ = ("_encoded", "_dirty", "_on")
+
     def __init__(self) -> None:
         super().__init__()
-        self._encoded: dict[TunnelKey, statefile.EncodedTunnel] = {}
+        self._encoded: dict[TunnelKey, bytes] = {}
         self._dirty: set[TunnelKey] = set()
         self._on: collections.Counter[Addresses] = collections.Counter()
 
@@ -176,22 +177,28 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
 
     def _added(self, key: TunnelKey, ts: TunnelState) -> None:
         self._on[self._addresses(ts)] += 1
-        ts.records.changed = lambda: self._dirty.add(key) if self.get(key) is ts else None
+        ts.records._table, ts.records._key = self, key
         self._dirty.add(key)
 
     def _removed(self, key: TunnelKey, ts: TunnelState) -> None:
-        ts.records.changed = lambda: None
+        ts.records._table = ts.records._key = None
         a = self._addresses(ts)
         self._on[a] -= 1
         if not self._on[a]:
             del self._on[a]
         self._dirty.add(key)
 
+    def changed(self, key: TunnelKey, records: Records) -> None:
+        """The sessions of the tunnel at ``key`` changed (``records``: its own)."""
+        ts = self.get(key)
+        if ts is not None and ts.records is records:
+            self._dirty.add(key)
+
     def on_addresses(self, addresses: Addresses) -> int:
         """How many tunnels have these addresses and ports."""
         return self._on.get(addresses, 0)
 
-    def encoded(self) -> list[statefile.EncodedTunnel]:
+    def encoded(self) -> list[bytes]:
         """Every tunnel as the state file has it; only the changed ones are encoded again."""
         for key in self._dirty:
             ts = self.get(key)

@@ -34,7 +34,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Final, Iterable, Literal, Optional
+from typing import Callable, Final, Iterable, Literal, Optional, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.dataclasses import dataclass as pdataclass
@@ -46,8 +46,9 @@ VERSION: Final = 2
 
 
 # Records are slotted, validated, frozen dataclasses (one per offloaded
-# call is held in memory; see discovery.state.CallInfo; each is encoded
-# once, when recorded); the file's envelope is a BaseModel.
+# call is held in memory; see discovery.state.CallInfo); a session record
+# carries its own encoding, made once when it is made (a dict beside it
+# would cost more than the record); the file's envelope is a BaseModel.
 
 
 @pdataclass(slots=True, kw_only=True, frozen=True)
@@ -59,6 +60,11 @@ class SessionRecord:
     pty: Optional[str] = Field(None, pattern=r"^/dev/pts/[0-9]{1,7}$")  # the slave end the daemon holds
     moved: bool = False  # a running call moved from its pty (the plugin's live move), not offloaded at its start
     since: Optional[float] = None  # when its data path became the kernel (epoch seconds; None: an older record)
+    # not a field of the file: the record as the file has it
+    encoded: bytes = Field(default=b"", init=False, exclude=True, repr=False)  # made in __post_init__
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "encoded", _json({f: getattr(self, f) for f in _SESSION_FIELDS}))
 
 
 @pdataclass(slots=True, kw_only=True, frozen=True)
@@ -115,7 +121,7 @@ def load(path: str) -> tuple[State, Optional[str]]:
 
 
 # The file is written from pieces encoded once each (a session when it is
-# recorded, a tunnel's fields when it is made), so a write costs a join of
+# recorded, a tunnel when its sessions change), so a write costs a join of
 # bytes, not a validation and serialisation of every record: with 10,000
 # calls the daemon rewrites the file on every change.  ``load`` validates
 # what these produce with the models above (a unit test compares the two).
@@ -128,49 +134,46 @@ def _json(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def encode_session(rec: SessionRecord) -> bytes:
-    return _json({f: getattr(rec, f) for f in _SESSION_FIELDS})
+class TunnelFields(Protocol):
+    """What a tunnel's encoding reads (a TunnelRecord, or the service's TunnelState)."""
+
+    @property
+    def instance(self) -> str: ...
+    @property
+    def tunnel_id(self) -> int: ...
+    @property
+    def peer_tunnel_id(self) -> int: ...
+    @property
+    def local(self) -> str: ...
+    @property
+    def peer(self) -> str: ...
+    @property
+    def peer_port(self) -> int: ...
+    @property
+    def local_port(self) -> int: ...
+    @property
+    def xl2tpd_pid(self) -> Optional[int]: ...
 
 
-class EncodedTunnel:
-    """A tunnel as the file has it, not yet joined: its own fields (JSON
-    without the closing brace) and its sessions (``encode_session`` each).
-    Joined by the first write that needs it, outside the daemon's lock, and
-    kept: a write re-joins only the tunnels that changed."""
-
-    __slots__ = ("head", "sessions", "_joined")
-
-    def __init__(self, head: bytes, sessions: list[bytes]) -> None:
-        self.head, self.sessions = head, sessions
-        self._joined: Optional[bytes] = None
-
-    def json(self) -> bytes:
-        if self._joined is None:
-            self._joined = b"".join((self.head, b',"sessions":[', b",".join(self.sessions), b"]}"))
-        return self._joined
-
-
-def encode_tunnel_head(rec: TunnelRecord) -> bytes:
-    """``rec``'s own fields (not its sessions), as the start of its JSON object."""
-    return _json({f: getattr(rec, f) for f in _TUNNEL_FIELDS})[:-1]
-
-
-def encode_tunnel(rec: TunnelRecord) -> EncodedTunnel:
-    return EncodedTunnel(encode_tunnel_head(rec), [encode_session(s) for s in rec.sessions])
+def encode_tunnel(t: TunnelFields, sessions: Iterable[SessionRecord]) -> bytes:
+    """Tunnel ``t`` with ``sessions`` as the file has it: its fields
+    encoded, its sessions' encodings joined."""
+    head = _json({f: getattr(t, f) for f in _TUNNEL_FIELDS})[:-1]
+    return b"".join((head, b',"sessions":[', b",".join(s.encoded for s in sessions), b"]}"))
 
 
 def save(path: str, state: State) -> None:
     """Atomic replace (files.atomic_write)."""
-    save_encoded(path, [encode_tunnel(t) for t in state.tunnels])
+    save_encoded(path, [encode_tunnel(t, t.sessions) for t in state.tunnels])
 
 
-def save_encoded(path: str, tunnels: list[EncodedTunnel]) -> None:
+def save_encoded(path: str, tunnels: list[bytes]) -> None:
     """The file of these encoded tunnels (``encode_tunnel``), by atomic
     replace (files.atomic_write)."""
     d = os.path.dirname(path) or "."
     os.makedirs(d, mode=0o700, exist_ok=True)  # made here only when missing; never chmodded
     head = _json({"version": VERSION, "written": time.time(), "pid": os.getpid()})[:-1]
-    files.atomic_write(path, b"".join((head, b',"tunnels":[', b",".join(t.json() for t in tunnels), b"]}")))
+    files.atomic_write(path, b"".join((head, b',"tunnels":[', b",".join(tunnels), b"]}")))
 
 
 class Writer:
@@ -189,13 +192,13 @@ class Writer:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()  # one write at a time; never held while taking the daemon's lock
-        self._newest: tuple[int, Optional[list[EncodedTunnel]]] = (0, None)
+        self._newest: tuple[int, Optional[list[bytes]]] = (0, None)
         self._written = 0
         self.writes = 0
         self.failures = 0  # failed writes in a row (0: the last one worked)
         self.retry_at = 0.0  # monotonic time of the background writer's next try
 
-    def snapshot(self, tunnels: list[EncodedTunnel]) -> int:
+    def snapshot(self, tunnels: list[bytes]) -> int:
         n = self._newest[0] + 1
         self._newest = (n, tunnels)  # one assignment: a flush reads either the old pair or the new
         return n

@@ -314,17 +314,16 @@ def test_a_failing_disk_is_retried_by_the_tick_and_warned_about_once(svc, monkey
 
 
 def test_a_snapshot_is_not_changed_by_what_the_table_does_after_it(svc):
-    from pipexctl.offload.statefile import EncodedTunnel
-
     ch, _ = svc.offload(call(1), 4242)
     ch.close()
     with svc.lock:
         snap = svc.tunnels.encoded()
-        before = [t.json() for t in snap]
+        before = list(snap)
         ch2, _ = svc.offload(call(2, pid=4343), 4343)
         svc._end_call(svc.tunnels[("xl2tpd", 100)], 1, "ended")
     ch2.close()
-    assert all(isinstance(t, EncodedTunnel) for t in snap) and [t.json() for t in snap] == before
+    assert snap == before and [json.loads(t)["sessions"][0]["call_id"] for t in snap] == [1]
+    assert [json.loads(t)["sessions"] for t in svc.tunnels.encoded()][0][0]["call_id"] == 2
 
 
 def test_the_indexed_tables_refuse_a_copy_that_would_share_their_index():

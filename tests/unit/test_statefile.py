@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import json
 import os
@@ -49,7 +48,7 @@ def test_corrupt_or_invalid_files_are_moved_aside_never_trusted(tmp_path):
         "binary": b"\xff\xfe\x00garbage",
         "wrong-version": json.dumps({"version": 9, "tunnels": []}).encode(),
         "out-of-range": json.dumps({"version": 1, "tunnels": [
-            {**dataclasses.asdict(rec()), "tunnel_id": 70000}]}).encode(),
+            {**json.loads(statefile.encode_tunnel(rec(), rec().sessions)), "tunnel_id": 70000}]}).encode(),
         "wrong-type": b"[1, 2, 3]",
     }
     for name, data in bad.items():
@@ -130,7 +129,7 @@ def test_offloads_at_once_share_state_writes_and_each_finds_its_record_on_disk(t
     def slow_save(path, tunnels):  # a write that takes time, as an fsync does under load
         time.sleep(0.05)
         real_save(path, tunnels)
-        saved.append(sum(len(json.loads(t.json())["sessions"]) for t in tunnels))
+        saved.append(sum(len(json.loads(t)["sessions"]) for t in tunnels))
 
     monkeypatch.setattr(statefile, "save_encoded", slow_save)
     path = str(tmp_path / "state.json")
@@ -143,7 +142,7 @@ def test_offloads_at_once_share_state_writes_and_each_finds_its_record_on_disk(t
     def offload(cid):
         with lock:
             tunnel.sessions.append(SessionRecord(call_id=cid, peer_call_id=cid, pppd_pid=1000 + cid))
-            n = w.snapshot([statefile.encode_tunnel(tunnel)])
+            n = w.snapshot([statefile.encode_tunnel(tunnel, tunnel.sessions)])
         w.flush(n)
         on_disk, _ = statefile.load(path)
         if cid not in {s.call_id for t in on_disk.tunnels for s in t.sessions}:
@@ -189,7 +188,7 @@ def test_the_hand_encoding_is_what_the_model_writes_and_reads_back(tmp_path):
                          sessions=[SessionRecord(call_id=9, peer_call_id=0, pppd_pid=5, role="lac",
                                                  pty="/dev/pts/3")])]
     for r in recs:
-        assert json.loads(statefile.encode_tunnel(r).json()) == \
+        assert json.loads(statefile.encode_tunnel(r, r.sessions)) == \
             json.loads(State(tunnels=[r]).model_dump_json())["tunnels"][0]
     path = str(tmp_path / "state.json")
     statefile.save(path, State(tunnels=recs))

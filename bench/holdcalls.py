@@ -1,21 +1,28 @@
-"""One offload service holding N calls at once, run inside the guest: N
-offloads one after another through one OffloadService, with the real
-netlink backend and the real data path (a tunnel socket on the L2TP port
-connected to its peer, the kernel tunnel and session, the PPPoL2TP socket,
-the relay watching every tunnel socket), each call in a tunnel of its own,
-all held until the last; then every tunnel dropped.  No xl2tpd and no
-pppd: what it shows is that the daemon's own side carries N calls (its
-fds past 1,024 and its poll loops, its memory, the time of an offload as
-the service fills), which real calls cannot show on a two-vCPU emulated
-guest (`make scale` stops at a few hundred real calls there, docs/offload.md).
+"""One offload service holding N calls at once, run inside the guest, as
+`pipexctl serve` holds them: the real netlink backend and the real data
+path (a tunnel socket on the L2TP port connected to its peer, the kernel
+tunnel and session, the PPPoL2TP socket, the relay watching every tunnel
+socket), each call in a tunnel of its own, all held until the last; then
+every tunnel dropped.
 
-Every STEP calls: the process's fds and RSS, the kernel's session count
-(/proc/net/pppol2tp), the state file's size, and the p50/p99 of the last
-STEP offloads; at the end, the time of one `status` and one `metrics`
-report (and, beside it, the decoded dump the metrics report read before
-2026-12-04), then the drop of every tunnel and what is left (sessions, fds).
-The drops run with /sys/kernel/rcu_expedited=1 (bench/controlplane.py
-says why).  Not a test: it asserts nothing.
+What the daemon holds per call is all here: discovery's model of the calls
+(read from a synthetic xl2tpd log of N live calls, as a start reads it), a
+pidfd per pppd (each call's "pppd" is a process of its own: a tiny C
+program forks N that wait), and the hand-off: the channel and a copy of the
+tunnel's socket go over a unix socket (SCM_RIGHTS) to a holder process, as
+they go to pppd, and the service closes its own copy of the channel, as
+server.py does.  No xl2tpd and no real pppd: what it shows is that the
+daemon's own side carries N calls (its fds past 1,024 and its poll loops,
+its memory, the time of an offload as the service fills), which real calls
+cannot show on a two-vCPU emulated guest (`make scale` stops at a few
+hundred real calls there, docs/offload.md).
+
+Every STEP calls: the process's fds and RSS (anonymous and file-backed),
+the kernel's session count (/proc/net/pppol2tp), the state file's size,
+and the p50/p99 of the last STEP offloads; at the end, the time of one
+`status` and one `metrics` report, then the drop of every tunnel and what
+is left (sessions, fds).  The drops run with /sys/kernel/rcu_expedited=1
+(bench/controlplane.py says why).  Not a test: it asserts nothing.
 
     python -m pipexctl.testing.vm --memory 4096 --timeout 3600 -- .venv/bin/python bench/holdcalls.py --calls 10000
 """
@@ -26,6 +33,9 @@ import argparse
 import json
 import os
 import resource
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +46,7 @@ if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from controlplane import rcu_expedited  # noqa: E402
-from servicestorm import calls, drop_all, finish, pct, setup  # noqa: E402
+from servicestorm import NET, drop_all, finish, pct, setup  # noqa: E402
 
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.kernel.backend import NetlinkBackend  # noqa: E402
@@ -57,11 +67,86 @@ def pppol2tp_sessions() -> int:
     return sum(1 for ln in lines if ln.startswith("  SESSION") and not ln.startswith("  SESSION name"))  # no header
 
 
-def rss_mib() -> float:
+def rss_mib() -> dict[str, float]:
+    """The process's resident memory, MiB: all, anonymous, file-backed."""
+    out = {}
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "RssAnon", "RssFile"):
+            out[{"VmRSS": "rss_mib", "RssAnon": "anon_mib", "RssFile": "file_mib"}[name]] = \
+                round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
+FARM_C = r"""
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+/* N children that wait for ever (each dies with the farm); their pids on stdout */
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    for (int i = 0; i < n; i++) {
+        pid_t p = fork();
+        if (p < 0) { perror("fork"); return 1; }
+        if (p == 0) { close(1); prctl(PR_SET_PDEATHSIG, SIGKILL); for (;;) pause(); }
+        printf("%d\n", (int)p);
+    }
+    fflush(stdout);
+    fclose(stdout);
+    for (;;) pause();
+}
+"""
+
+
+def pppd_farm(n: int, d: str) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """N processes standing in for the calls' pppds (one pidfd each in the service)."""
+    src, exe = os.path.join(d, "farm.c"), os.path.join(d, "farm")
+    Path(src).write_text(FARM_C)
+    subprocess.run(["cc", "-O2", "-o", exe, src], check=True)
+    farm = subprocess.Popen([exe, str(n)], stdout=subprocess.PIPE)
+    assert farm.stdout is not None
+    pids = [int(x) for x in farm.stdout.read().split()]
+    if len(pids) != n:
+        farm.kill()
+        raise SystemExit(f"the pppd farm made {len(pids)} of {n} processes")
+    return farm, pids
+
+
+PREFIX = "Dec  4 06:00:00 lns xl2tpd[100]: "
+
+
+def xl2tpd_log(pids: list[int]) -> str:
+    """A syslog of N live calls, each in a tunnel of its own, as xl2tpd logs them."""
+    out = [PREFIX + "xl2tpd version xl2tpd-1.3.18 started on lns PID:100"]
+    for n, pid in enumerate(pids):
+        peer, tid, cid = f"{NET}.{1 + n // 250}.{1 + n % 250}", 1000 + n, 3000 + n
+        out += [PREFIX + ln for ln in (
+            f"Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1000} (ref=0/0).  "
+            "LNS session is 'default'",
+            "start_pppd: I'm running: ", '"/usr/sbin/pppd" ', '"passive" ', '"nodetach" ', '"file" ',
+            '"/etc/ppp/options.xl2tpd" ', '"/dev/pts/1" ',
+            f"Call established with {peer}, PID: {pid}, Local: {cid}, Remote: {cid + 1000}, Serial: 1")]
+    return "\n".join(out) + "\n"
+
+
+def holder() -> tuple[socket.socket, int]:
+    """A process that takes each call's fds as pppd would (SCM_RIGHTS, then
+    one byte back) and holds them until its socket closes."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        held = []
+        while True:
+            msg, fds, _, _ = socket.recv_fds(theirs, 4096, 4)
+            if not msg:
+                os._exit(0)
+            held += fds
+            theirs.send(b"k")
+    theirs.close()
+    return ours, pid
 
 
 def main() -> int:
@@ -74,27 +159,45 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "holdcalls.json"))
     a = p.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
-    if a.trace:
-        tracemalloc.start(3)
     setup()
     d = tempfile.mkdtemp()
+    rec: dict = {"kernel": os.uname().release, "calls_asked": a.calls, "fd_limit": FD_LIMIT,
+                 "start": {"fds": fds(), **rss_mib()}, "steps": [], "errors": []}
+    t = time.monotonic()
+    farm, pids = pppd_farm(a.calls, d)
+    rec["farm_s"] = round(time.monotonic() - t, 1)
+    conn, holder_pid = holder()
+    if a.trace:
+        tracemalloc.start(3)
+    log = Path(d) / "syslog"
+    log.write_text(xl2tpd_log(pids))
+    watch = CallWatch(Discovery([str(log)], proc=False, kernel=False))
+    t = time.monotonic()
+    watch.first_read()
+    todo = sorted(watch.discovery.tracker.calls(), key=lambda c: c.call_id)
+    rec["discovery"] = {"read_s": round(time.monotonic() - t, 1), "calls": len(todo), **rss_mib()}
+    print(json.dumps({"start": rec["start"], "discovery": rec["discovery"]}), flush=True)
     backend = NetlinkBackend()
     dp = KernelDataPath()
-    svc = OffloadService(CallWatch(Discovery([], proc=False, kernel=False)), backend, dp,
-                         state_path=os.path.join(d, "state.json"))
-    rec: dict = {"kernel": os.uname().release, "calls_asked": a.calls, "fd_limit": FD_LIMIT,
-                 "start": {"fds": fds(), "rss_mib": rss_mib()}, "steps": [], "errors": []}
-    print(json.dumps(rec["start"]), flush=True)
-    chans = []
+    svc = OffloadService(watch, backend, dp, state_path=os.path.join(d, "state.json"))
+    rec["service"] = rss_mib()
+
+    def hand_off(meta: dict, fds: list[int]) -> None:
+        socket.send_fds(conn, [json.dumps(meta).encode()], fds)
+        if conn.recv(1) != b"k":
+            raise OSError("the holder is gone")
+
+    held = 0
     lat: list[float] = []
     t0 = time.monotonic()
-    for c in calls(a.calls, 0):
+    for c in todo:
         if time.monotonic() - t0 > a.max_seconds:
             rec["stopped"] = f"after {a.max_seconds:.0f} s"
             break
         t = time.monotonic()
         try:
-            ch, _ = svc.offload(c, pppd_pid=c.pppd_pid)
+            ch, _ = svc.offload(c, pppd_pid=c.pppd_pid, hand_off=hand_off)
+            ch.close()  # pppd holds it now
         except Exception as e:  # reported, not raised: how far it got is the result
             rec["errors"].append(f"{c.call_id}: {e}")
             if len(rec["errors"]) >= 20:
@@ -102,20 +205,24 @@ def main() -> int:
                 break
             continue
         lat.append(time.monotonic() - t)
-        chans.append(ch)
-        if len(chans) % a.step == 0:
+        held += 1
+        if held % a.step == 0:
             window = lat[-a.step:]
-            row = {"held": len(chans), "elapsed_s": round(time.monotonic() - t0, 1), "fds": fds(),
-                   "rss_mib": rss_mib(), "kernel_sessions": pppol2tp_sessions(),
+            row = {"held": held, "elapsed_s": round(time.monotonic() - t0, 1), "fds": fds(), **rss_mib(),
+                   "kernel_sessions": pppol2tp_sessions(),
                    "state_file_kib": round(os.path.getsize(svc.state_path) / 1024),
                    "offload_p50_ms": pct(window, 0.5), "offload_p99_ms": pct(window, 0.99)}
             rec["steps"].append(row)
             print(json.dumps(row), flush=True)
-    rec["held"] = len(chans)
+    rec["held"] = held
+    if held:
+        per = (rec["steps"][-1]["rss_mib"] - rec["service"]["rss_mib"]) * 1024 / rec["steps"][-1]["held"] \
+            if rec["steps"] else None
+        rec["kib_per_call"] = round(per, 2) if per is not None else None
     t = time.monotonic()
     svc.status()
     rec["status_ms"] = round((time.monotonic() - t) * 1000, 1)
-    rec["rss_mib_held"] = rss_mib()
+    rec["held_mem"] = rss_mib()
     if a.trace:
         snap = tracemalloc.take_snapshot()
         rec["traced_mib"] = round(sum(st.size for st in snap.statistics("filename")) / 2**20, 1)
@@ -126,24 +233,23 @@ def main() -> int:
     m = svc.metrics()
     rec["metrics_ms"] = round((time.monotonic() - t) * 1000, 1)
     rec["metrics_sessions"] = len(m["sessions"]) + m["sessions_not_listed"]["count"]
-    # what the report read before its counters came raw (2026-12-04: 93 s at 10,000), same boot
-    t = time.monotonic()
-    decoded = backend.session_dump()
-    rec["decoded_dump_ms"] = round((time.monotonic() - t) * 1000, 1)
-    del decoded
-    print(json.dumps({k: rec[k] for k in ("held", "status_ms", "metrics_ms", "metrics_sessions", "decoded_dump_ms",
-                                          "rss_mib_held")}), flush=True)
+    rec["after_reports"] = rss_mib()
+    print(json.dumps({k: rec[k] for k in ("held", "kib_per_call", "status_ms", "metrics_ms", "metrics_sessions",
+                                          "held_mem", "after_reports")}), flush=True)
     with rcu_expedited("1") as before:
         rec["rcu_expedited_before"] = before
         t = time.monotonic()
         drop_all(svc)
-        for ch in chans:
-            ch.close()
+        conn.close()  # the holder exits: the "pppds" let go of their channels
+        os.waitpid(holder_pid, 0)
         rec["drop_all_s"] = round(time.monotonic() - t, 1)
+    farm.send_signal(signal.SIGKILL)
+    farm.wait()
     rec["left"] = {"kernel_sessions": len(backend.session_dump()), "kernel_tunnels": len(backend.tunnel_dump()),
-                   "fds": fds(), "rss_mib": rss_mib()}
+                   "fds": fds(), **rss_mib()}
     print(json.dumps({"drop_all_s": rec["drop_all_s"], "left": rec["left"], "errors": rec["errors"][:3]}), flush=True)
     backend.close()
+    watch.discovery.close()
     return finish(dp, rec, a.out)
 
 

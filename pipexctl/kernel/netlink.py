@@ -24,6 +24,7 @@ sends them and turns replies and errors into the model.
 from __future__ import annotations
 
 import errno
+import functools
 import importlib.util
 import ipaddress
 import socket
@@ -31,7 +32,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 
 def _pyroute2_without_its_init() -> None:
@@ -190,62 +191,62 @@ class l2tpmsg(genlmsg):  # type: ignore[misc]  # pyroute2 ships no types
 # the kernel's answers, and tests/unit/test_netlink_golden.py pins these
 # bytes to pyroute2's encoder and to an independent one.
 
-_SCALAR = {"uint8": struct.Struct("=B"), "uint16": struct.Struct("=H"), "uint32": struct.Struct("=I"),
-           "uint64": struct.Struct("=Q")}
-_L2TP_ATTRS = {name: (code, kind) for code, name, kind in l2tpmsg.nla_map}
-GENL_HDR = struct.Struct("=BBH")  # struct genlmsghdr: cmd, version, reserved
-CTRL_ATTR_FAMILY_NAME = 2  # linux/genetlink.h
-
-
-def _payload(kind: str, value: Any) -> bytes:
-    packer = _SCALAR.get(kind)
-    if packer is not None:
-        return packer.pack(value)
+def _packer(code: int, kind: str) -> Callable[[Any], bytes]:
+    """The attribute ``code`` of ``kind``, header and value packed at once
+    and padded to 4 bytes (nla_len counts the value, not the padding)."""
+    scalar = {"uint8": "B3x", "uint16": "H2x", "uint32": "I", "uint64": "Q"}.get(kind)
+    if scalar is not None:
+        st = struct.Struct("=HH" + scalar)
+        return functools.partial(st.pack, NLA_HDR.size + struct.calcsize("=" + scalar.rstrip("23x")), code)
     if kind == "asciiz":
-        return str(value).encode() + b"\0"
+        return lambda v: _framed(code, str(v).encode() + b"\0")
     if kind == "cdata":
-        return bytes(value)
+        return lambda v: _framed(code, bytes(v))
     if kind == "ip4addr":
-        return socket.inet_pton(socket.AF_INET, str(value))
+        return lambda v: _framed(code, socket.inet_pton(socket.AF_INET, str(v)))
     if kind == "ip6addr":
-        return socket.inet_pton(socket.AF_INET6, str(value))
+        return lambda v: _framed(code, socket.inet_pton(socket.AF_INET6, str(v)))
     if kind == "flag":
-        return b""
-    raise ValueError(f"no request carries a {kind} attribute")
+        return lambda v: _framed(code, b"")
+
+    def refused(v: Any) -> bytes:
+        raise ValueError(f"no request carries a {kind} attribute")
+    return refused
+
+
+def _framed(code: int, value: bytes) -> bytes:
+    n = NLA_HDR.size + len(value)
+    return NLA_HDR.pack(n, code) + value + b"\0" * (-n & 3)
+
+
+_L2TP_ATTRS = {name: _packer(code, kind) for code, name, kind in l2tpmsg.nla_map}
+GENL_HDR = struct.Struct("=BBH")  # struct genlmsghdr: cmd, version, reserved
+HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr
+CTRL_ATTR_FAMILY_NAME = 2  # linux/genetlink.h
 
 
 class Request:
     """One generic-netlink request: its command, version and attributes
-    (type, payload), encoded with the header ``encode`` is given."""
+    (already packed, one after another), encoded with the header ``encode``
+    is given."""
 
     __slots__ = ("cmd", "version", "attrs")
 
-    def __init__(self, cmd: int, version: int, attrs: list[tuple[int, bytes]]) -> None:
+    def __init__(self, cmd: int, version: int, attrs: bytes) -> None:
         self.cmd, self.version, self.attrs = cmd, version, attrs
 
     def encode(self, msg_type: int, flags: int, seq: int, pid: int = 0) -> bytes:
-        parts = [b"", GENL_HDR.pack(self.cmd, self.version, 0)]
-        n = NLMSG_HDR.size + GENL_HDR.size
-        for atype, value in self.attrs:
-            alen = NLA_HDR.size + len(value)
-            pad = -alen & 3
-            parts.append(NLA_HDR.pack(alen, atype) + value + b"\0" * pad)
-            n += alen + pad
-        parts[0] = NLMSG_HDR.pack(n, msg_type, flags, seq, pid)
-        return b"".join(parts)
+        return HEADERS.pack(HEADERS.size + len(self.attrs), msg_type, flags, seq, pid, self.cmd, self.version,
+                            0) + self.attrs
 
 
 def _msg(cmd: int, attrs: Iterable[tuple[str, object]]) -> Request:
-    out = []
-    for name, value in attrs:
-        code, kind = _L2TP_ATTRS[name]
-        out.append((code, _payload(kind, value)))
-    return Request(cmd, uapi.L2TP_GENL_VERSION, out)
+    return Request(cmd, uapi.L2TP_GENL_VERSION, b"".join([_L2TP_ATTRS[name](value) for name, value in attrs]))
 
 
 def build_family_get(name: str) -> Request:
     """The generic-netlink controller's GETFAMILY for ``name``."""
-    return Request(CTRL_CMD_GETFAMILY, 1, [(CTRL_ATTR_FAMILY_NAME, name.encode() + b"\0")])
+    return Request(CTRL_CMD_GETFAMILY, 1, _framed(CTRL_ATTR_FAMILY_NAME, name.encode() + b"\0"))
 
 
 def build_tunnel_create(spec: TunnelSpec) -> Request:
@@ -545,11 +546,11 @@ class L2tpNetlink:
             n = self._sock.recv_into(self._buf, 0, socket.MSG_TRUNC)
             if n > len(self._buf):
                 raise NetlinkError(errno.EMSGSIZE, "netlink answer larger than the receive buffer")
-            data = bytes(self._buf[:n])
+            data = self._buf  # read in place: only a decoded message gets a copy
             off = 0
             while off + NLMSG_HDR.size <= n:
                 length, typ, _, rseq, _ = NLMSG_HDR.unpack_from(data, off)
-                if length < NLMSG_HDR.size:
+                if length < NLMSG_HDR.size or off + length > n:  # (past n lie an earlier answer's bytes)
                     raise NetlinkError(errno.EBADMSG, "malformed netlink answer")
                 if rseq == seq:
                     if typ in (NLMSG_ERROR, NLMSG_DONE):
@@ -561,7 +562,7 @@ class L2tpNetlink:
                             raise NetlinkError(abs(code))
                         return out
                     if isinstance(cls, type):
-                        m = cls(data[off:off + length])
+                        m = cls(bytes(data[off:off + length]))
                         m.decode()
                         out.append(m)
                     elif cls is not None:  # a reader of the raw message
@@ -578,12 +579,17 @@ class L2tpNetlink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, msg: Request, flags: int, what: str, action: str, cls: Any = None) -> list[Any]:
+    def _request(self, msg: Request, flags: int, what: str, action: str, cls: Any = None,
+                 absent: Optional[list[Any]] = None) -> list[Any]:
+        """``absent``: what an ENOENT answer returns instead of raising (a
+        probe's expected answer: no error built and caught per probe)."""
         # every request asks for an ack, so that a GET's end is known too
         with self._lock:
             try:
                 return self._exchange(msg, self.family, flags if flags & NLM_F_DUMP else flags | NLM_F_ACK, cls)
             except NetlinkError as e:
+                if absent is not None and e.code == errno.ENOENT:
+                    return absent
                 raise errors.from_errno(e.code, what, action) from None
             except OSError as e:  # the socket itself (closed, ENOBUFS...): one clear error too
                 raise errors.KernelError(f"cannot {action} {what}: netlink socket: {e.strerror or e}",
@@ -594,16 +600,14 @@ class L2tpNetlink:
         self._request(build_tunnel_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
 
     def tunnel_delete(self, tunnel_id: int) -> None:
-        self._request(build_tunnel_delete(tunnel_id), NLM_F_REQUEST | NLM_F_ACK, f"tunnel {tunnel_id}", "delete")
-        self._wait_gone(build_tunnel_get(tunnel_id), f"tunnel {tunnel_id}")
+        what = f"tunnel {tunnel_id}"
+        self._request(build_tunnel_delete(tunnel_id), NLM_F_REQUEST | NLM_F_ACK, what, "delete")
+        self._wait_gone(build_tunnel_get(tunnel_id), what)
 
     def _listed(self, get: Request, what: str) -> bool:
         """Whether the kernel answers ``get`` (a GET of one object) with the
         object: its answer is not decoded, only counted."""
-        try:
-            return bool(self._request(get, NLM_F_REQUEST, what, "get", cls=_ids))
-        except errors.NotFoundError:
-            return False
+        return bool(self._request(get, NLM_F_REQUEST, what, "get", cls=_ids, absent=[]))
 
     def _wait_gone(self, get: Request, what: str) -> None:
         """Return once the kernel no longer lists the object ``get`` asks for, or after 5 s.  The kernel
@@ -612,11 +616,13 @@ class L2tpNetlink:
         one RCU grace period each: 600 took over 2 s under TCG).  Until then
         it is still listed, a session still counts in its tunnel, and its id
         cannot be taken again.  After 5 s the delete stands as accepted."""
+        if not self._listed(get, what):
+            return  # the usual answer: no clock read, no sleep
         delay, end = 0.001, time.monotonic() + 5.0
         while time.monotonic() < end:
+            time.sleep(delay)
             if not self._listed(get, what):
                 return
-            time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
     def tunnel_modify(self, tunnel_id: int, debug: int | None = None) -> None:
@@ -655,13 +661,9 @@ class L2tpNetlink:
             raise
 
     def session_delete(self, tunnel_id: int, session_id: int) -> None:
-        self._request(
-            build_session_delete(tunnel_id, session_id),
-            NLM_F_REQUEST | NLM_F_ACK,
-            f"session {session_id} in tunnel {tunnel_id}",
-            "delete",
-        )
-        self._wait_gone(build_session_get(tunnel_id, session_id), f"session {session_id} in tunnel {tunnel_id}")
+        what = f"session {session_id} in tunnel {tunnel_id}"
+        self._request(build_session_delete(tunnel_id, session_id), NLM_F_REQUEST | NLM_F_ACK, what, "delete")
+        self._wait_gone(build_session_get(tunnel_id, session_id), what)
 
     def session_modify(self, tunnel_id: int, session_id: int, **kw: Any) -> None:
         self._request(

@@ -4,6 +4,8 @@ family, which is the other half of what is checked here)."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from pipexctl import errors
@@ -11,7 +13,7 @@ from pipexctl.kernel import netlink as n
 
 
 def _families(nl: n.L2tpNetlink) -> list[str]:
-    m = n.Request(n.CTRL_CMD_GETFAMILY, 1, [])
+    m = n.Request(n.CTRL_CMD_GETFAMILY, 1, b"")
     return [x.get_attr("CTRL_ATTR_FAMILY_NAME") for x in
             nl._exchange(m, n.GENL_ID_CTRL, n.NLM_F_REQUEST | n.NLM_F_DUMP, n.ctrlmsg)]
 
@@ -93,7 +95,7 @@ def test_a_request_interrupted_mid_answer_does_not_spoil_the_next():
             raise KeyboardInterrupt  # e.g. Ctrl-C while a dump's answers are read
 
     with n.L2tpNetlink("nlctrl") as nl:
-        m = n.Request(n.CTRL_CMD_GETFAMILY, 1, [])
+        m = n.Request(n.CTRL_CMD_GETFAMILY, 1, b"")
         with pytest.raises(KeyboardInterrupt):
             nl._exchange(m, n.GENL_ID_CTRL, n.NLM_F_REQUEST | n.NLM_F_DUMP, Boom)
         assert nl._unfinished
@@ -124,3 +126,35 @@ def test_an_error_answer_ends_its_request(monkeypatch):
 
         monkeypatch.setattr(nl, "_drain", no_drain)
         assert nl._resolve("nlctrl") == n.GENL_ID_CTRL
+
+
+def test_a_probe_takes_enoent_as_not_listed_and_any_other_error_as_an_error():
+    with n.L2tpNetlink("nlctrl") as nl:
+        assert nl._listed(n.build_family_get("nlctrl"), "family nlctrl")
+        assert not nl._listed(n.build_family_get("nosuch"), "family nosuch")  # ENOENT
+        with pytest.raises(errors.InvalidArgumentError):
+            nl._listed(n.build_family_get("x" * 40), "family x")  # EINVAL is not "gone"
+        assert nl._listed(n.build_family_get("nlctrl"), "family nlctrl")
+
+
+def test_an_answer_longer_than_what_was_received_is_refused_not_read_past():
+    class Short:
+        """A socket whose one answer claims 64 bytes and brings 20 (an earlier
+        answer's bytes lie in the buffer after them)."""
+
+        def send(self, data):
+            self.seq = n.NLMSG_HDR.unpack_from(data)[3]
+
+        def recv_into(self, buf, size=0, flags=0):
+            buf[:20] = n.NLMSG_HDR.pack(64, n.NLMSG_ERROR, 0, self.seq, 0) + n.ERRNO.pack(0)
+            return 20
+
+    with n.L2tpNetlink("nlctrl") as nl:
+        real, nl._sock = nl._sock, Short()
+        try:
+            nl._buf[:64] = b"\xff" * 64
+            with pytest.raises(errors.KernelError, match="family nlctrl") as e:
+                nl._request(n.build_family_get("nlctrl"), n.NLM_F_REQUEST, "family nlctrl", "get")
+            assert e.value.errno == errno.EBADMSG
+        finally:
+            nl._sock = real

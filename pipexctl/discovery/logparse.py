@@ -567,7 +567,7 @@ class LineParser:
         if self._argv is not None:
             m = _ARG.match(msg)
             if m and pid == self._argv_pid and len(self._argv) < 256:
-                self._argv.append(m["a"])
+                self._argv.append(sys.intern(m["a"]))  # one copy of what every pppd's argv repeats
                 return []
             out.extend(self.flush())
         if msg.startswith("start_pppd: I'm running:"):

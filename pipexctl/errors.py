@@ -62,6 +62,11 @@ class SocketError(PipexError):
     """A socket (UDP, PPPoL2TP, unix hand-off) operation failed."""
 
 
+# what "it does not exist" is in the kernel's answers: the l2tp family
+# answers ENODEV for an unknown tunnel or session
+NOT_FOUND = frozenset({_errno.ENOENT, _errno.ENODEV})
+
+
 def from_errno(code: int, what: str, action: str) -> PipexError:
     """Turn a kernel errno for ``action`` on ``what`` into an operator message.
 
@@ -71,8 +76,7 @@ def from_errno(code: int, what: str, action: str) -> PipexError:
     code = abs(code)
     if code == _errno.EEXIST:
         return AlreadyExistsError(f"{what} already exists", errno=code)
-    if code in (_errno.ENOENT, _errno.ENODEV):
-        # the l2tp family answers ENODEV for an unknown tunnel or session
+    if code in NOT_FOUND:
         return NotFoundError(f"cannot {action} {what}: it does not exist", errno=code)
     if code in (_errno.EPERM, _errno.EACCES):
         return PermissionDeniedError(

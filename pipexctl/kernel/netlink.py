@@ -581,14 +581,15 @@ class L2tpNetlink:
 
     def _request(self, msg: Request, flags: int, what: str, action: str, cls: Any = None,
                  absent: Optional[list[Any]] = None) -> list[Any]:
-        """``absent``: what an ENOENT answer returns instead of raising (a
-        probe's expected answer: no error built and caught per probe)."""
+        """``absent``: what a "does not exist" answer (errors.NOT_FOUND)
+        returns instead of raising (a probe's expected answer: no error
+        built and caught per probe)."""
         # every request asks for an ack, so that a GET's end is known too
         with self._lock:
             try:
                 return self._exchange(msg, self.family, flags if flags & NLM_F_DUMP else flags | NLM_F_ACK, cls)
             except NetlinkError as e:
-                if absent is not None and e.code == errno.ENOENT:
+                if absent is not None and e.code in errors.NOT_FOUND:
                     return absent
                 raise errors.from_errno(e.code, what, action) from None
             except OSError as e:  # the socket itself (closed, ENOBUFS...): one clear error too

@@ -129,6 +129,8 @@ def test_an_error_answer_ends_its_request(monkeypatch):
 
 
 def test_a_probe_takes_enoent_as_not_listed_and_any_other_error_as_an_error():
+    """(The l2tp family answers ENODEV for a session or tunnel it does not
+    have: tests/kernel's delete tests go through that probe.)"""
     with n.L2tpNetlink("nlctrl") as nl:
         assert nl._listed(n.build_family_get("nlctrl"), "family nlctrl")
         assert not nl._listed(n.build_family_get("nosuch"), "family nosuch")  # ENOENT
@@ -156,5 +158,32 @@ def test_an_answer_longer_than_what_was_received_is_refused_not_read_past():
             with pytest.raises(errors.KernelError, match="family nlctrl") as e:
                 nl._request(n.build_family_get("nlctrl"), n.NLM_F_REQUEST, "family nlctrl", "get")
             assert e.value.errno == errno.EBADMSG
+        finally:
+            nl._sock = real
+
+
+def test_a_probe_takes_the_l2tp_familys_enodev_as_not_listed():
+    class Answers:
+        """A socket that answers every request with one errno."""
+
+        def __init__(self, code):
+            self.code = code
+
+        def send(self, data):
+            self.seq = n.NLMSG_HDR.unpack_from(data)[3]
+
+        def recv_into(self, buf, size=0, flags=0):
+            buf[:20] = n.NLMSG_HDR.pack(20, n.NLMSG_ERROR, 0, self.seq, 0) + n.ERRNO.pack(-self.code)
+            return 20
+
+    with n.L2tpNetlink("nlctrl") as nl:
+        real = nl._sock
+        try:
+            for code in (errno.ENODEV, errno.ENOENT):
+                nl._sock = Answers(code)
+                assert not nl._listed(n.build_session_get(1, 2), "session 2 in tunnel 1")
+            nl._sock = Answers(errno.EPERM)
+            with pytest.raises(errors.PermissionDeniedError):
+                nl._listed(n.build_session_get(1, 2), "session 2 in tunnel 1")
         finally:
             nl._sock = real

@@ -32,7 +32,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 
 def _pyroute2_without_its_init() -> None:
@@ -474,6 +474,13 @@ def _counters(data: bytes, off: int, length: int) -> Optional[SessionCounters]:
 # The socket
 
 
+Described = Union[str, Callable[[], str]]  # an object's name in an error, or what makes it
+
+
+def _named(what: Described) -> str:
+    return what if isinstance(what, str) else what()
+
+
 class L2tpNetlink:
     """A generic-netlink socket bound to the "l2tp" family.
 
@@ -579,9 +586,10 @@ class L2tpNetlink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, msg: Request, flags: int, what: str, action: str, cls: Any = None,
+    def _request(self, msg: Request, flags: int, what: Described, action: str, cls: Any = None,
                  absent: Optional[list[Any]] = None) -> list[Any]:
-        """``absent``: what a "does not exist" answer (errors.NOT_FOUND)
+        """``what`` names the object in an error (a callable: called only
+        then, so a request that succeeds formats nothing).  ``absent``: what a "does not exist" answer (errors.NOT_FOUND)
         returns instead of raising (a probe's expected answer: no error
         built and caught per probe)."""
         # every request asks for an ack, so that a GET's end is known too
@@ -591,26 +599,26 @@ class L2tpNetlink:
             except NetlinkError as e:
                 if absent is not None and e.code in errors.NOT_FOUND:
                     return absent
-                raise errors.from_errno(e.code, what, action) from None
+                raise errors.from_errno(e.code, _named(what), action) from None
             except OSError as e:  # the socket itself (closed, ENOBUFS...): one clear error too
-                raise errors.KernelError(f"cannot {action} {what}: netlink socket: {e.strerror or e}",
+                raise errors.KernelError(f"cannot {action} {_named(what)}: netlink socket: {e.strerror or e}",
                                          errno=e.errno) from None
 
     # tunnels
     def tunnel_create(self, spec: TunnelSpec) -> None:
-        self._request(build_tunnel_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
+        self._request(build_tunnel_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe, "create")
 
     def tunnel_delete(self, tunnel_id: int) -> None:
-        what = f"tunnel {tunnel_id}"
+        what = lambda: f"tunnel {tunnel_id}"  # noqa: E731
         self._request(build_tunnel_delete(tunnel_id), NLM_F_REQUEST | NLM_F_ACK, what, "delete")
         self._wait_gone(build_tunnel_get(tunnel_id), what)
 
-    def _listed(self, get: Request, what: str) -> bool:
+    def _listed(self, get: Request, what: Described) -> bool:
         """Whether the kernel answers ``get`` (a GET of one object) with the
         object: its answer is not decoded, only counted."""
         return bool(self._request(get, NLM_F_REQUEST, what, "get", cls=_ids, absent=[]))
 
-    def _wait_gone(self, get: Request, what: str) -> None:
+    def _wait_gone(self, get: Request, what: Described) -> None:
         """Return once the kernel no longer lists the object ``get`` asks for, or after 5 s.  The kernel
         answers a delete before it has taken the object out of its tables:
         6.12 does that in deferred work, 6.1 too for a tunnel (its sessions
@@ -647,10 +655,10 @@ class L2tpNetlink:
             # (6.12.117: the new one takes the id over); 6.1 refuses it with
             # EEXIST.  Refused here on every kernel, as before.  With an
             # ifname, EEXIST below then means the interface name.
-            if self._listed(build_session_get(spec.tunnel_id, spec.session_id), spec.describe()):
+            if self._listed(build_session_get(spec.tunnel_id, spec.session_id), spec.describe):
                 raise errors.from_errno(errno.EEXIST, spec.describe(), "create")
         try:
-            self._request(build_session_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe(), "create")
+            self._request(build_session_create(spec), NLM_F_REQUEST | NLM_F_ACK, spec.describe, "create")
         except errors.AlreadyExistsError:
             # the session was not there just before: the name is taken.  (Asking
             # again after the refusal does not tell: 6.12 still lists the
@@ -662,7 +670,7 @@ class L2tpNetlink:
             raise
 
     def session_delete(self, tunnel_id: int, session_id: int) -> None:
-        what = f"session {session_id} in tunnel {tunnel_id}"
+        what = lambda: f"session {session_id} in tunnel {tunnel_id}"  # noqa: E731
         self._request(build_session_delete(tunnel_id, session_id), NLM_F_REQUEST | NLM_F_ACK, what, "delete")
         self._wait_gone(build_session_get(tunnel_id, session_id), what)
 

@@ -10,10 +10,10 @@ emitted once: an object goes up once and down once.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import functools
 import time
-from typing import Any, Callable, Literal, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Literal, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
@@ -75,8 +75,9 @@ class CallInfo:
         return CallIds(self.tunnel_id, self.peer_tunnel_id, self.call_id, self.peer_call_id, self.peer_port)
 
     def copy(self, **update: object) -> "CallInfo":
-        """A deep copy (events carry snapshots), with *update* applied."""
-        c = copy.deepcopy(self)
+        """A copy that later changes do not reach (events carry snapshots),
+        with *update* applied."""
+        c = _snapshot(self)
         for k, v in update.items():
             setattr(c, k, v)
         return c
@@ -102,11 +103,29 @@ class TunnelInfo:
         return (self.instance, self.tunnel_id)
 
     def copy(self) -> "TunnelInfo":
-        return copy.deepcopy(self)
+        return _snapshot(self)
 
     def dump(self, **kw: Any) -> dict[str, Any]:  # kw: TypeAdapter.dump_python's options (exclude=...)
         out: dict[str, Any] = _adapter(TunnelInfo).dump_python(self, mode="json", **kw)
         return out
+
+
+_Record = TypeVar("_Record", CallInfo, TunnelInfo)
+
+
+def _snapshot(rec: _Record) -> _Record:
+    """A copy of a record that later changes to it do not reach: its fields
+    are strings, numbers and lists of strings, so each list is copied and
+    the rest shared (copy.deepcopy took 90 % of a status report: 0.3 s
+    natively at 3,000 calls).  The copy is not validated again: the record was."""
+    out = type(rec).__new__(type(rec))
+    for name in _FIELDS[type(rec)]:
+        v = getattr(rec, name)
+        object.__setattr__(out, name, v.copy() if type(v) is list else v)
+    return out
+
+
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (CallInfo, TunnelInfo)}
 
 
 @functools.cache

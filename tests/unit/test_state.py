@@ -205,3 +205,36 @@ def test_calls_by_pppd_pid_follow_every_change():
                     sorted(c.call_id for c in i.calls.values() if c.pppd_pid is None)
 
     run()
+
+
+def test_a_records_copy_equals_a_deep_copy_and_later_changes_do_not_reach_it():
+    """CallInfo.copy and TunnelInfo.copy share strings and numbers and copy
+    lists (no deepcopy): every field must come out equal, every list its own."""
+    import copy
+    import dataclasses
+
+    from hypothesis import given, settings, strategies as st
+
+    from pipexctl.discovery.state import CallInfo, TunnelInfo
+
+    words = st.lists(st.text(max_size=5), max_size=3)
+    ints = st.none() | st.integers(0, 65535)
+
+    @settings(max_examples=100, deadline=None)
+    @given(words, words, ints, ints, st.booleans())
+    def run(argv, sources, tid, pid, disputed):
+        c = CallInfo(instance="a", peer="192.0.2.1", call_id=5, tunnel_id=tid, pppd_pid=pid,
+                     pppd_argv=argv or None, sources=sources, disputed=disputed)
+        t = TunnelInfo(instance="a", peer="192.0.2.1", tunnel_id=7, sources=sources)
+        for rec in (c, t):
+            snap = rec.copy()
+            assert snap == copy.deepcopy(rec) and type(snap) is type(rec)
+            for f in dataclasses.fields(rec):
+                v = getattr(rec, f.name)
+                if isinstance(v, list):
+                    assert getattr(snap, f.name) is not v
+                    v.append("later")
+                    assert "later" not in getattr(snap, f.name)
+        assert c.copy(tunnel_id=9).tunnel_id == 9 and c.tunnel_id == tid
+
+    run()

@@ -102,21 +102,32 @@ def families(m: dict[str, Any]) -> Iterator[Metric]:
 class ServeCollector(Collector):
     """The daemon's families, read at most once per MIN_INTERVAL: a scrape
     loop (or several Prometheus servers) costs the daemon one snapshot a
-    second, whatever the scrape rate, and takes CPU from no offload."""
+    second, whatever the scrape rate, and takes CPU from no offload.  A
+    snapshot that took t seconds serves the scrapes of t / SHARE seconds, so
+    snapshots never take more than SHARE of one CPU: the kernel's session
+    dump grows with the calls (a snapshot took 6.3 s at 10,000 calls in the
+    emulated guest, docs/offload.md)."""
 
     MIN_INTERVAL = 1.0
+    SHARE = 0.1
 
     def __init__(self, service: OffloadService) -> None:
         self.service = service
         self._lock = threading.Lock()
-        self._cache: tuple[float, list[Metric]] = (float("-inf"), [])
+        self._cache: tuple[float, list[Metric], float] = (float("-inf"), [], 0.0)  # when, families, seconds taken
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            at, fams = self._cache
-            if time.monotonic() - at >= self.MIN_INTERVAL:
+            at, fams, took = self._cache
+            if time.monotonic() - at >= max(self.MIN_INTERVAL, took / self.SHARE):
+                t = time.monotonic()
                 fams = list(families(self.service.metrics()))
-                self._cache = (time.monotonic(), fams)
+                took = time.monotonic() - t
+                fams.append(GaugeMetricFamily(
+                    "pipexctl_metrics_snapshot_seconds", "How long the daemon took to read these numbers (they "
+                    f"serve the scrapes of {1 / self.SHARE:.0f} times as long, at least {self.MIN_INTERVAL:.0f} s)",
+                    value=took))
+                self._cache = (time.monotonic(), fams, took)
         yield from fams
 
 

@@ -52,6 +52,7 @@ def test_prometheus_text_parses_and_carries_the_numbers(srv):
     assert val[("pipexctl_kernel_readable", ())] == 1
     assert val[("pipexctl_relayed_packets_total", ())] == 0 and val[("pipexctl_twin_tunnels", ())] == 0
     assert val[("pipexctl_steering_restored_total", ())] == 0
+    assert 0 <= val[("pipexctl_metrics_snapshot_seconds", ())] < 10
 
 
 @pytest.mark.parametrize("text,want", [(":9469", ("127.0.0.1", 9469)), ("0.0.0.0:9469", ("0.0.0.0", 9469)), ("127.0.0.1:80", ("127.0.0.1", 80)),
@@ -145,6 +146,24 @@ def test_a_scrape_loop_costs_one_snapshot_a_second(srv, monkeypatch):
         generate_latest(reg)
     assert len(taken) == 1
     offload(srv, call(1))
-    col._cache = (col._cache[0] - col.MIN_INTERVAL, col._cache[1])  # a second later
+    col._cache = (col._cache[0] - col.MIN_INTERVAL, *col._cache[1:])  # a second later
     text = generate_latest(reg).decode()
     assert len(taken) == 2 and "pipexctl_offloaded_sessions 1.0" in text
+
+
+def test_a_slow_snapshot_serves_ten_times_as_long(srv, monkeypatch):
+    reg = metrics.CollectorRegistry()
+    col = metrics.ServeCollector(srv.service)
+    reg.register(col)
+    taken = []
+    real = srv.service.metrics
+    monkeypatch.setattr(srv.service, "metrics", lambda: taken.append(1) or real())
+    text = generate_latest(reg).decode()
+    assert len(taken) == 1 and "pipexctl_metrics_snapshot_seconds" in text
+    at, fams, _ = col._cache
+    col._cache = (at - 4.9, fams, 0.5)  # 4.9 s after a snapshot that took 0.5 s
+    generate_latest(reg)
+    assert len(taken) == 1
+    col._cache = (at - 5.1, fams, 0.5)
+    generate_latest(reg)
+    assert len(taken) == 2

@@ -135,13 +135,20 @@ def test_contrib_rules_pass_promtool_and_fire_on_their_series():
         assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_scrape_loop_costs_one_snapshot_a_second(srv, monkeypatch):
+def _counted(srv, monkeypatch):
+    """A registry with the daemon's collector, and the list of the
+    snapshots it took (one item each)."""
     reg = metrics.CollectorRegistry()
     col = metrics.ServeCollector(srv.service)
     reg.register(col)
     taken = []
     real = srv.service.metrics
     monkeypatch.setattr(srv.service, "metrics", lambda: taken.append(1) or real())
+    return reg, col, taken
+
+
+def test_a_scrape_loop_costs_one_snapshot_a_second(srv, monkeypatch):
+    reg, col, taken = _counted(srv, monkeypatch)
     for _ in range(20):
         generate_latest(reg)
     assert len(taken) == 1
@@ -152,12 +159,7 @@ def test_a_scrape_loop_costs_one_snapshot_a_second(srv, monkeypatch):
 
 
 def test_a_slow_snapshot_serves_ten_times_as_long(srv, monkeypatch):
-    reg = metrics.CollectorRegistry()
-    col = metrics.ServeCollector(srv.service)
-    reg.register(col)
-    taken = []
-    real = srv.service.metrics
-    monkeypatch.setattr(srv.service, "metrics", lambda: taken.append(1) or real())
+    reg, col, taken = _counted(srv, monkeypatch)
     text = generate_latest(reg).decode()
     assert len(taken) == 1 and "pipexctl_metrics_snapshot_seconds" in text
     at, fams, _ = col._cache

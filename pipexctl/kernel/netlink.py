@@ -219,7 +219,7 @@ def _framed(code: int, value: bytes) -> bytes:
     return NLA_HDR.pack(n, code) + value + b"\0" * (-n & 3)
 
 
-_L2TP_ATTRS = {name: _packer(code, kind) for code, name, kind in l2tpmsg.nla_map}
+_A = {name: _packer(code, kind) for code, name, kind in l2tpmsg.nla_map}  # attribute name -> its packer
 GENL_HDR = struct.Struct("=BBH")  # struct genlmsghdr: cmd, version, reserved
 HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr
 CTRL_ATTR_FAMILY_NAME = 2  # linux/genetlink.h
@@ -240,8 +240,9 @@ class Request:
                             0) + self.attrs
 
 
-def _msg(cmd: int, attrs: Iterable[tuple[str, object]]) -> Request:
-    return Request(cmd, uapi.L2TP_GENL_VERSION, b"".join([_L2TP_ATTRS[name](value) for name, value in attrs]))
+def _msg(cmd: int, attrs: list[bytes]) -> Request:
+    """A request of the l2tp family; ``attrs`` packed with ``_A[name](value)``."""
+    return Request(cmd, uapi.L2TP_GENL_VERSION, b"".join(attrs))
 
 
 def build_family_get(name: str) -> Request:
@@ -250,91 +251,91 @@ def build_family_get(name: str) -> Request:
 
 
 def build_tunnel_create(spec: TunnelSpec) -> Request:
-    a: list[tuple[str, object]] = [
-        ("L2TP_ATTR_CONN_ID", spec.tunnel_id),
-        ("L2TP_ATTR_PEER_CONN_ID", spec.peer_tunnel_id),
-        ("L2TP_ATTR_PROTO_VERSION", spec.version),
-        ("L2TP_ATTR_ENCAP_TYPE", spec.encap.kernel),
+    a: list[bytes] = [
+        _A["L2TP_ATTR_CONN_ID"](spec.tunnel_id),
+        _A["L2TP_ATTR_PEER_CONN_ID"](spec.peer_tunnel_id),
+        _A["L2TP_ATTR_PROTO_VERSION"](spec.version),
+        _A["L2TP_ATTR_ENCAP_TYPE"](spec.encap.kernel),
     ]
     if spec.fd is not None:
         # A managed tunnel: the kernel takes addresses from the socket.
-        a.append(("L2TP_ATTR_FD", spec.fd))
+        a.append(_A["L2TP_ATTR_FD"](spec.fd))
     else:
         assert spec.local is not None and spec.remote is not None
         if spec.family == 6:
-            a.append(("L2TP_ATTR_IP6_SADDR", str(spec.local.address)))
-            a.append(("L2TP_ATTR_IP6_DADDR", str(spec.remote.address)))
+            a.append(_A["L2TP_ATTR_IP6_SADDR"](str(spec.local.address)))
+            a.append(_A["L2TP_ATTR_IP6_DADDR"](str(spec.remote.address)))
         else:
-            a.append(("L2TP_ATTR_IP_SADDR", str(spec.local.address)))
-            a.append(("L2TP_ATTR_IP_DADDR", str(spec.remote.address)))
+            a.append(_A["L2TP_ATTR_IP_SADDR"](str(spec.local.address)))
+            a.append(_A["L2TP_ATTR_IP_DADDR"](str(spec.remote.address)))
         if spec.encap is Encap.udp:
-            a.append(("L2TP_ATTR_UDP_SPORT", spec.local.port))
-            a.append(("L2TP_ATTR_UDP_DPORT", spec.remote.port))
+            a.append(_A["L2TP_ATTR_UDP_SPORT"](spec.local.port))
+            a.append(_A["L2TP_ATTR_UDP_DPORT"](spec.remote.port))
             if spec.udp_csum is not None:
-                a.append(("L2TP_ATTR_UDP_CSUM", int(spec.udp_csum)))
+                a.append(_A["L2TP_ATTR_UDP_CSUM"](int(spec.udp_csum)))
             if spec.udp6_zero_csum_tx:
-                a.append(("L2TP_ATTR_UDP_ZERO_CSUM6_TX", True))
+                a.append(_A["L2TP_ATTR_UDP_ZERO_CSUM6_TX"](True))
             if spec.udp6_zero_csum_rx:
-                a.append(("L2TP_ATTR_UDP_ZERO_CSUM6_RX", True))
+                a.append(_A["L2TP_ATTR_UDP_ZERO_CSUM6_RX"](True))
     return _msg(uapi.L2TP_CMD_TUNNEL_CREATE, a)
 
 
 def build_tunnel_delete(tunnel_id: int) -> Request:
-    return _msg(uapi.L2TP_CMD_TUNNEL_DELETE, [("L2TP_ATTR_CONN_ID", tunnel_id)])
+    return _msg(uapi.L2TP_CMD_TUNNEL_DELETE, [_A["L2TP_ATTR_CONN_ID"](tunnel_id)])
 
 
 def build_tunnel_modify(tunnel_id: int, debug: int | None = None) -> Request:
-    a: list[tuple[str, object]] = [("L2TP_ATTR_CONN_ID", tunnel_id)]
+    a: list[bytes] = [_A["L2TP_ATTR_CONN_ID"](tunnel_id)]
     if debug is not None:
-        a.append(("L2TP_ATTR_DEBUG", debug))
+        a.append(_A["L2TP_ATTR_DEBUG"](debug))
     return _msg(uapi.L2TP_CMD_TUNNEL_MODIFY, a)
 
 
 def build_tunnel_get(tunnel_id: int | None = None) -> Request:
     """GET for one tunnel, or (``tunnel_id`` None) the body of a dump."""
-    a = [] if tunnel_id is None else [("L2TP_ATTR_CONN_ID", tunnel_id)]
+    a = [] if tunnel_id is None else [_A["L2TP_ATTR_CONN_ID"](tunnel_id)]
     return _msg(uapi.L2TP_CMD_TUNNEL_GET, a)
 
 
 def build_session_create(spec: SessionSpec) -> Request:
-    a: list[tuple[str, object]] = [
-        ("L2TP_ATTR_CONN_ID", spec.tunnel_id),
-        ("L2TP_ATTR_SESSION_ID", spec.session_id),
-        ("L2TP_ATTR_PEER_SESSION_ID", spec.peer_session_id),
-        ("L2TP_ATTR_PW_TYPE", spec.pw_type.kernel),
+    a: list[bytes] = [
+        _A["L2TP_ATTR_CONN_ID"](spec.tunnel_id),
+        _A["L2TP_ATTR_SESSION_ID"](spec.session_id),
+        _A["L2TP_ATTR_PEER_SESSION_ID"](spec.peer_session_id),
+        _A["L2TP_ATTR_PW_TYPE"](spec.pw_type.kernel),
     ]
     if spec.ifname:
-        a.append(("L2TP_ATTR_IFNAME", spec.ifname))
+        a.append(_A["L2TP_ATTR_IFNAME"](spec.ifname))
     if spec.l2spec_type is not None:
-        a.append(("L2TP_ATTR_L2SPEC_TYPE", spec.l2spec_type))
+        a.append(_A["L2TP_ATTR_L2SPEC_TYPE"](spec.l2spec_type))
     if spec.cookie:
-        a.append(("L2TP_ATTR_COOKIE", spec.cookie))
+        a.append(_A["L2TP_ATTR_COOKIE"](spec.cookie))
     if spec.peer_cookie:
-        a.append(("L2TP_ATTR_PEER_COOKIE", spec.peer_cookie))
+        a.append(_A["L2TP_ATTR_PEER_COOKIE"](spec.peer_cookie))
     a.extend(_session_flags(spec.recv_seq, spec.send_seq, spec.lns_mode, spec.recv_timeout_ms))
     if spec.mtu is not None:
-        a.append(("L2TP_ATTR_MTU", spec.mtu))
+        a.append(_A["L2TP_ATTR_MTU"](spec.mtu))
     return _msg(uapi.L2TP_CMD_SESSION_CREATE, a)
 
 
 def _session_flags(recv_seq: Optional[bool], send_seq: Optional[bool], lns_mode: Optional[bool],
-                   recv_timeout_ms: Optional[int]) -> list[tuple[str, object]]:
-    a: list[tuple[str, object]] = []
+                   recv_timeout_ms: Optional[int]) -> list[bytes]:
+    a: list[bytes] = []
     if recv_seq is not None:
-        a.append(("L2TP_ATTR_RECV_SEQ", int(recv_seq)))
+        a.append(_A["L2TP_ATTR_RECV_SEQ"](int(recv_seq)))
     if send_seq is not None:
-        a.append(("L2TP_ATTR_SEND_SEQ", int(send_seq)))
+        a.append(_A["L2TP_ATTR_SEND_SEQ"](int(send_seq)))
     if lns_mode is not None:
-        a.append(("L2TP_ATTR_LNS_MODE", int(lns_mode)))
+        a.append(_A["L2TP_ATTR_LNS_MODE"](int(lns_mode)))
     if recv_timeout_ms is not None:
-        a.append(("L2TP_ATTR_RECV_TIMEOUT", recv_timeout_ms))
+        a.append(_A["L2TP_ATTR_RECV_TIMEOUT"](recv_timeout_ms))
     return a
 
 
 def build_session_delete(tunnel_id: int, session_id: int) -> Request:
     return _msg(
         uapi.L2TP_CMD_SESSION_DELETE,
-        [("L2TP_ATTR_CONN_ID", tunnel_id), ("L2TP_ATTR_SESSION_ID", session_id)],
+        [_A["L2TP_ATTR_CONN_ID"](tunnel_id), _A["L2TP_ATTR_SESSION_ID"](session_id)],
     )
 
 
@@ -347,17 +348,17 @@ def build_session_modify(
     lns_mode: bool | None = None,
     recv_timeout_ms: int | None = None,
 ) -> Request:
-    a: list[tuple[str, object]] = [("L2TP_ATTR_CONN_ID", tunnel_id), ("L2TP_ATTR_SESSION_ID", session_id)]
+    a: list[bytes] = [_A["L2TP_ATTR_CONN_ID"](tunnel_id), _A["L2TP_ATTR_SESSION_ID"](session_id)]
     a.extend(_session_flags(recv_seq, send_seq, lns_mode, recv_timeout_ms))
     return _msg(uapi.L2TP_CMD_SESSION_MODIFY, a)
 
 
 def build_session_get(tunnel_id: int | None = None, session_id: int | None = None) -> Request:
-    a: list[tuple[str, object]] = []
+    a: list[bytes] = []
     if tunnel_id is not None:
-        a.append(("L2TP_ATTR_CONN_ID", tunnel_id))
+        a.append(_A["L2TP_ATTR_CONN_ID"](tunnel_id))
     if session_id is not None:
-        a.append(("L2TP_ATTR_SESSION_ID", session_id))
+        a.append(_A["L2TP_ATTR_SESSION_ID"](session_id))
     return _msg(uapi.L2TP_CMD_SESSION_GET, a)
 
 

@@ -184,20 +184,24 @@ class l2tpmsg(genlmsg):  # type: ignore[misc]  # pyroute2 ships no types
 # Requests: encoded here with struct, from the attribute table above.
 #
 # pyroute2's encoder cost most of a request: 89 us natively for a session
-# create (this: about 5); under TCG the library's create took 2.2-2.3 ms
-# with it and 0.39-0.41 ms without, the kernel's own time being about 0.2
-# (bench/controlplane.py's request split, docs/kernel-library.md).  Request attributes
-# are flat scalars, so packing them is a few lines; pyroute2 still decodes
-# the kernel's answers, and tests/unit/test_netlink_golden.py pins these
-# bytes to pyroute2's encoder and to an independent one.
+# create (this: about 2, built and encoded); the library's own time per
+# request is now about the kernel's (bench/controlplane.py's request split,
+# docs/kernel-library.md).  Request attributes are flat scalars, so packing
+# them is a few lines; pyroute2 still decodes the kernel's answers, and
+# tests/unit/test_netlink_golden.py pins these bytes to pyroute2's encoder
+# and to an independent one.
+
+# kind -> (the value's struct format with its padding to 4 bytes, the value's size)
+_SCALARS = {"uint8": ("B3x", 1), "uint16": ("H2x", 2), "uint32": ("I", 4), "uint64": ("Q", 8)}
+
 
 def _packer(code: int, kind: str) -> Callable[[Any], bytes]:
     """The attribute ``code`` of ``kind``, header and value packed at once
     and padded to 4 bytes (nla_len counts the value, not the padding)."""
-    scalar = {"uint8": "B3x", "uint16": "H2x", "uint32": "I", "uint64": "Q"}.get(kind)
+    scalar = _SCALARS.get(kind)
     if scalar is not None:
-        st = struct.Struct("=HH" + scalar)
-        return functools.partial(st.pack, NLA_HDR.size + struct.calcsize("=" + scalar.rstrip("23x")), code)
+        fmt, size = scalar
+        return functools.partial(struct.Struct("=HH" + fmt).pack, NLA_HDR.size + size, code)
     if kind == "asciiz":
         return lambda v: _framed(code, str(v).encode() + b"\0")
     if kind == "cdata":
@@ -220,8 +224,7 @@ def _framed(code: int, value: bytes) -> bytes:
 
 
 _A = {name: _packer(code, kind) for code, name, kind in l2tpmsg.nla_map}  # attribute name -> its packer
-GENL_HDR = struct.Struct("=BBH")  # struct genlmsghdr: cmd, version, reserved
-HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr
+HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr (cmd, version, reserved)
 CTRL_ATTR_FAMILY_NAME = 2  # linux/genetlink.h
 
 

@@ -593,9 +593,10 @@ class L2tpNetlink:
     def _request(self, msg: Request, flags: int, what: Described, action: str, cls: Any = None,
                  absent: Optional[list[Any]] = None) -> list[Any]:
         """``what`` names the object in an error (a callable: called only
-        then, so a request that succeeds formats nothing).  ``absent``: what a "does not exist" answer (errors.NOT_FOUND)
-        returns instead of raising (a probe's expected answer: no error
-        built and caught per probe)."""
+        then, so a request that succeeds formats nothing).  ``absent``: what
+        a "does not exist" answer (errors.NOT_FOUND) returns instead of
+        raising (a probe's expected answer: no error built and caught per
+        probe)."""
         # every request asks for an ack, so that a GET's end is known too
         with self._lock:
             try:

@@ -688,13 +688,14 @@ class Discovery:
                 ev += self.tracker.observe_data_path(ins.name, c.call_id, k.data_path)
         return ev
 
-    def observe_process(self, pid: int) -> list[Event]:
-        """Match one pppd to its call from its /proc entry alone.
+    def observe_process(self, pid: int, p: Optional[procscan.Proc] = None) -> list[Event]:
+        """Match one pppd to its call from its /proc entry alone (``p``: that
+        entry, read already; a pppd's parent and argv do not change).
 
         Cheap next to a full scan: used while that pppd waits for its channel
         (the LAC side logs no pppd PID).  Needs the parent xl2tpd's PID to be
         known already (from an earlier scan); otherwise a full scan runs."""
-        p = procscan.read_process(pid, with_fds=False)
+        p = p if p is not None else procscan.read_process(pid, with_fds=False)
         if p is None or p.comm != "pppd":
             return []
         for ins in [i for s in self.sources for i in self._instances_of(s)]:

@@ -2,9 +2,11 @@
 
 One lock (``lock``) guards the Discovery object; a request that waits for
 its call reads the newest log lines itself and otherwise sleeps on
-``polled`` until the watcher's next poll.  Events found by a request are
-queued (``pending``) and handed over by the watcher, so every event reaches
-the offload service from one thread, in order.
+``polled`` until the model changes (``changes``): a poll that found
+nothing new wakes no request, so K waiting requests are not K looks at
+the model per watcher round.  Events found by a request are queued
+(``pending``) and handed over by the watcher, so every event reaches the
+offload service from one thread, in order.
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipexctl.serve")
 
 
-def _argv_disagrees(pid: int, call: CallInfo) -> str:
+def _argv_disagrees(pid: int, argv: list[str], call: CallInfo) -> str:
     """xl2tpd starts each pppd with ``ipparam PEER`` (the tunnel's peer): a
     call from the log that names another peer is not this pppd's."""
-    argv = procscan.argv(pid)
     if "ipparam" in argv[:-1]:
         peer = argv[argv.index("ipparam") + 1]
         if peer != call.peer:
@@ -81,11 +82,15 @@ def _survive(fn: Callable[[], object]) -> None:
 
 
 class CallWatch:
-    # A quiet daemon reads its logs once a second; while a pppd waits for its
-    # line, an end waits for its exit, or just after any event: every
-    # log_interval.  An exit wakes the watcher at once.
+    # A quiet daemon reads its logs once a second; while an end waits for its
+    # exit, or just after any event: every log_interval; while a pppd waits
+    # for its line: every WAITING_INTERVAL (a read that finds nothing new is
+    # a read(2) per log and wakes no request).  An exit wakes it at once.
     IDLE_INTERVAL = 1.0
     ACTIVE_FOR = 5.0
+    WAITING_INTERVAL = 0.05
+    # a request reads the logs itself only when nobody did for FRESH seconds
+    FRESH = 0.02
     # /proc and kernel scans are the costly part: every reconcile_interval
     # while calls come and go, every IDLE_RECONCILE when nothing happens
     # (ends are confirmed by exits, not by the scans)
@@ -102,7 +107,11 @@ class CallWatch:
         self.discovery = discovery
         self.log_interval, self.reconcile_interval = log_interval, reconcile_interval
         self.lock = threading.Lock()
-        self.polled = threading.Condition(self.lock)  # notified after each discovery poll
+        self.polled = threading.Condition(self.lock)  # notified when `changes` moves
+        self.changes = 0  # bumped when the model may have changed (lines read, a scan, an answer)
+        self.looks = 0  # times a request looked at the model (bench/requestwait.py)
+        self._read_at = float("-inf")  # monotonic time the logs were last read
+        self._lines = -1  # log lines read by then
         self.pending: list[Event] = []
         self.wake = FdEvent()  # reload, or a request waiting for its line
         self.waiting = 0  # requests inside call_of (under lock)
@@ -169,21 +178,23 @@ class CallWatch:
         # pppd: a control answer asked for after this pppd asked lists its call
         since = time.monotonic()
         end = since + wait
+        # read once, outside the lock: a pppd's parent and argv do not change
+        proc = procscan.read_process(pid, with_fds=False)
         with self.lock:
             self.waiting += 1
             self.active = time.monotonic()
             try:
-                return self._call_of(pid, since, end, xl2tpd_pid)
+                return self._call_of(pid, proc, since, end, xl2tpd_pid)
             finally:
                 self.waiting -= 1
 
-    def _call_of(self, pid: int, since: float, end: float,
+    def _call_of(self, pid: int, proc: Optional[procscan.Proc], since: float, end: float,
                  xl2tpd_pid: Optional[int]) -> tuple[Optional[CallInfo], str]:
         asked, kicked = float("-inf"), False
         refuted: dict[tuple[str, Optional[int], int], CallInfo] = {}
+        argv = proc.argv if proc is not None else []
         while True:
-            self.pending += self.discovery.poll(reconcile=False)  # new log lines only: cheap
-            self.pending += self.discovery.observe_process(pid)
+            self._look(pid, proc)
             claims = self.discovery.tracker.calls_of_pppd(pid)
             self._refute(refuted, pid, [c for c in claims if not self._of_parent(c, xl2tpd_pid)],
                          "but that xl2tpd is not its parent")
@@ -208,18 +219,18 @@ class CallWatch:
                     # xl2tpd's lines up to its answer are still on their way through
                     # syslog: a second line naming this pppd may be among them
                     if time.monotonic() < end:
-                        self.polled.wait(min(0.05, max(0.0, end - time.monotonic())))
+                        self._sleep(min(0.25, end - time.monotonic()))  # the watcher reads the log meanwhile
                         continue
                     return None, ("the daemon's syslog line (its log barrier) did not come back in the log in "
                                   "time: whether a second line names this pppd cannot be told yet")
                 if bar == "absent":
                     self.unbarriered += 1
-                why = _argv_disagrees(pid, mine)
+                why = _argv_disagrees(pid, argv, mine)
                 return (None, why) if why else (mine.copy(), "")
             if (mine is not None or refuted) and self._asking is not None and time.monotonic() < end:
                 # a question is out: wait for its answer (it serves this
                 # request if it was asked after the request began)
-                self.polled.wait(max(0.05, min(end - time.monotonic(), 1.0)))
+                self._sleep(max(0.05, min(end - time.monotonic(), 1.0)))
                 continue
             if (mine is not None or refuted) and time.monotonic() - asked > 0.5:
                 # the control pipe (status-lns) says which tunnel holds each
@@ -235,7 +246,7 @@ class CallWatch:
                     log.warning("call %d of pppd %d not checked against xl2tpd's control pipe (no answer)",
                                 mine.call_id, pid)
                     self.unchecked += 1
-                    why = _argv_disagrees(pid, mine)
+                    why = _argv_disagrees(pid, argv, mine)
                     return (None, why) if why else (mine.copy(), "")
                 continue
             left = end - time.monotonic()
@@ -250,7 +261,38 @@ class CallWatch:
             if not kicked:  # out of its idle sleep: it polls every log_interval while we wait
                 kicked = True
                 self.wake.kick()
-            self.polled.wait(min(left, 1.0))
+            self._sleep(min(left, 1.0))
+
+    def _look(self, pid: int, proc: Optional[procscan.Proc]) -> None:
+        """A request's look at the model: the newest log lines (unless just
+        read), and its pppd matched from its /proc entry (a LAC's pppd is
+        named in no line).  The caller holds the lock."""
+        self.looks += 1
+        if time.monotonic() - self._read_at >= self.FRESH:
+            self._read_at = time.monotonic()
+            self._take(self.discovery.poll(reconcile=False))  # new log lines only: cheap
+        if proc is not None:
+            self._take(self.discovery.observe_process(pid, proc))
+
+    def _take(self, ev: list[Event], changed: bool = False) -> None:
+        """Queue what a read of the model found; wake the waiting requests
+        when it may have changed the model.  The caller holds the lock."""
+        self.pending += ev
+        lines = self.discovery.lines_read()
+        if ev or changed or lines != self._lines:
+            self._lines = lines
+            self.changes += 1
+            self.polled.notify_all()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait (the lock released) until the model changes or ``seconds``
+        pass: a request wakes for news, not for each of the watcher's rounds."""
+        seen, until = self.changes, time.monotonic() + seconds
+        while self.changes == seen:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self.polled.wait(left)
 
     def _ask_control(self) -> list[str]:
         """Ask xl2tpd's control pipes and apply the answer; the caller holds
@@ -265,8 +307,8 @@ class CallWatch:
         finally:
             self.lock.acquire()
             self._asking = None
-        self.pending += self.discovery.apply_control(answers, known)  # failures join discovery.warnings: _poll logs them
-        self.polled.notify_all()
+        # failures join discovery.warnings: _poll logs them
+        self._take(self.discovery.apply_control(answers, known), changed=True)
         return [e for *_, e in answers if e is not None]
 
     @staticmethod
@@ -333,7 +375,8 @@ class CallWatch:
         try:
             while not stop.is_set():
                 quick = self.waiting or busy() or time.monotonic() - self.active < self.ACTIVE_FOR
-                woke = [k.data for k, _ in sel.select(self.log_interval if quick else self.IDLE_INTERVAL)]
+                period = self.log_interval if quick else self.IDLE_INTERVAL
+                woke = [k.data for k, _ in sel.select(min(period, self.WAITING_INTERVAL) if self.waiting else period)]
                 if stop.is_set():
                     break
                 for src in woke:
@@ -372,17 +415,18 @@ class CallWatch:
         t_scanned = time.monotonic()
         with self.lock:
             t_locked = time.monotonic()
+            self._read_at = t_locked
             try:
                 ev = self.discovery.poll(reconcile=full, scanned=scanned)
             except OSError as e:  # out of fds (procscan raises rather than call a process gone)
                 log.warning("discovery poll failed: %s", e)
             except Exception:  # never let the watcher die: log and go on
                 log.exception("discovery poll failed")
-            ev, self.pending = self.pending + ev, []
+            self._take(ev, changed=full)
+            ev, self.pending = self.pending, []
             for w in self.discovery.warnings:
                 log.warning("discovery: %s", w)
             del self.discovery.warnings[:]
-            self.polled.notify_all()
             took = time.monotonic() - t
             parts = dict(self.discovery.poll_seconds)  # a request's own poll overwrites them once the lock is free
         if took > 1.0:

@@ -125,6 +125,49 @@ def test_a_request_waiting_for_its_line_wakes_the_watcher_and_gets_its_call(tmp_
         d.close()
 
 
+def test_waiting_requests_look_at_the_model_for_news_not_at_each_watcher_round(tmp_path):
+    """K requests wait for lines that do not come.  A line that names none
+    of them wakes each once; after it, the watcher reads the log several
+    times and no request looks again (until its own timeout, a second).
+    Before, each of them read the log and its pppd's /proc entry at every
+    watcher round: K looks per round (a herd of K threads under one lock)."""
+    log, d, w, stop, reload, t, ticks, reloads = _watcher(tmp_path)
+    k = 20
+
+    def until(cond, what):
+        end = time.monotonic() + 5
+        while not cond() and time.monotonic() < end:
+            time.sleep(0.01)
+        assert cond(), what
+
+    try:
+        threads = [threading.Thread(target=w.call_of, args=(151 + i, 4.0)) for i in range(k)]
+        for th in threads:
+            th.start()
+        until(lambda: w.waiting == k and w.looks >= k, "the requests did not start waiting")
+        looks = w.looks
+        with log.open("a") as f:
+            f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
+                    "(ref=0/0).  LNS session is 'default'\n")
+        until(lambda: w.looks >= looks + k, "a line did not wake each waiting request")
+        looks, polls, real = w.looks, [0], d.poll
+
+        def counted(*a, **kw):
+            polls[0] += 1
+            return real(*a, **kw)
+        d.poll = counted
+        time.sleep(0.5)  # the watcher reads the log every 0.05 s while requests wait
+        assert polls[0] >= 3, f"the watcher read the log {polls[0]} times"
+        assert w.looks == looks, f"{w.looks - looks} looks at the model while nothing came"
+        for th in threads:
+            th.join(10)
+        assert w.waiting == 0
+    finally:
+        stop.set()
+        t.join(5)
+        d.close()
+
+
 def test_the_daemon_saves_at_stop_and_resumes_at_start(tmp_path, caplog):
     """CallWatch: save_checkpoint writes only when lines were read since;
     first_read resumes, and reads only what came after."""

@@ -229,6 +229,19 @@ def bookkeeping_table(bk: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def requestwait_table(rw: dict) -> str:
+    """bench/requestwait.py's rows (host): requests waiting for their calls' log lines."""
+    if not rw.get("rounds"):
+        return ""
+    out = ["", "### Requests waiting for their lines (bench/requestwait.py, host)", "",
+           "| K | requests over s | line after s | answered | line -> answer p50 / p99 ms | CPU s | looks |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rw["rounds"]:
+        out.append(f"| {r['k']} | {r['spread_s']:g} | {r['lag_s']:g} | {r['answered']} | "
+                   f"{r['line_to_answer_p50_ms']} / {r['line_to_answer_p99_ms']} | {r['cpu_s']} | {r['looks']} |")
+    return "\n".join(out) + "\n"
+
+
 def dp_extra(res: dict) -> str:
     out = ["", "| case | 4 streams median Mbit/s | ping avg / p99 ms | guest CPU % busy | CPU % per Mbit/s |",
            "|---|---|---|---|---|"]
@@ -382,10 +395,15 @@ def main() -> int:
     bkf = out / f"{stamp}-bookkeeping.json"
     if subprocess.run([sys.executable, str(ROOT / "bench" / "bookkeeping.py"), "--out", str(bkf)]).returncode == 0:
         res["bookkeeping"] = json.loads(bkf.read_text())
+    rwf = out / f"{stamp}-requestwait.json"
+    if subprocess.run([sys.executable, str(ROOT / "bench" / "requestwait.py"), "--k", "100", "400", "--spread", "2",
+                       "--lag", "10", "--out", str(rwf)]).returncode == 0:
+        res["requestwait"] = json.loads(rwf.read_text())
     (out / f"{stamp}.json").write_text(json.dumps(res, indent=1))
     md = (table(res) + dp_extra(res) + scale_table(res) + cp_table(cp) + storm_table(res["loginstorm"])
           + service_table(res["servicestorm"]) + livemove_table(res["livemove"])
-          + startup_table(res["startup"]) + bookkeeping_table(res.get("bookkeeping", {})))
+          + startup_table(res["startup"]) + bookkeeping_table(res.get("bookkeeping", {}))
+          + requestwait_table(res.get("requestwait", {})))
     png = out / f"{stamp}.png"
     md += f"\nPlot: bench/results/{png.name}\n" if plot(res, cp, png) else "\n(no plot: matplotlib missing)\n"
     md += f"\nGuest run: {r.total_seconds / 60:.1f} min.\n"

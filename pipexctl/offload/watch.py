@@ -162,7 +162,8 @@ class CallWatch:
         with self.lock:
             return self.discovery.refresh()
 
-    def call_of(self, pid: int, wait: float, xl2tpd_pid: Optional[int] = None) -> tuple[Optional[CallInfo], str]:
+    def call_of(self, pid: int, wait: float, xl2tpd_pid: Optional[int] = None,
+                timing: Optional[dict[str, float]] = None) -> tuple[Optional[CallInfo], str]:
         """The call of pppd ``pid``, once discovery knows it (bounded by ``wait``),
         or None and why not.
 
@@ -173,7 +174,9 @@ class CallWatch:
         instead of waiting up to a watcher period for them; when the line is
         not there yet, the watcher's next poll wakes it.  ``xl2tpd_pid``:
         pppd's verified parent; a claim from another xl2tpd's lines is
-        passed over."""
+        passed over.  ``timing["line"]``: seconds until its call was known
+        with all its ids (the rest of the wait is the control pipe's and the
+        barrier's check)."""
         # xl2tpd lists a call from its ICRQ on, before it forks the call's
         # pppd: a control answer asked for after this pppd asked lists its call
         since = time.monotonic()
@@ -184,12 +187,12 @@ class CallWatch:
             self.waiting += 1
             self.active = time.monotonic()
             try:
-                return self._call_of(pid, proc, since, end, xl2tpd_pid)
+                return self._call_of(pid, proc, since, end, xl2tpd_pid, {} if timing is None else timing)
             finally:
                 self.waiting -= 1
 
     def _call_of(self, pid: int, proc: Optional[procscan.Proc], since: float, end: float,
-                 xl2tpd_pid: Optional[int]) -> tuple[Optional[CallInfo], str]:
+                 xl2tpd_pid: Optional[int], timing: dict[str, float]) -> tuple[Optional[CallInfo], str]:
         asked, kicked = float("-inf"), False
         refuted: dict[tuple[str, Optional[int], int], CallInfo] = {}
         argv = proc.argv if proc is not None else []
@@ -213,6 +216,8 @@ class CallWatch:
                 return None, (f"two log lines give call {mine.call_id} of pppd {pid} other peer ids: one of them "
                               f"is forged, and which cannot be told")
             complete = mine is not None and mine.ids() is not None
+            if complete and "line" not in timing:
+                timing["line"] = time.monotonic() - since
             if mine is not None and complete and verdict[id(mine)] is not None:
                 bar = self.discovery.barrier(mine.instance)
                 if bar == "wait":

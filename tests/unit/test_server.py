@@ -90,7 +90,7 @@ def _move_server(tmp_path, monkeypatch):
     c = CallInfo(instance="xl2tpd", role="lns", peer="192.0.2.7", peer_port=1701, tunnel_id=100, peer_tunnel_id=200,
                  call_id=1, peer_call_id=1001, pppd_pid=os.getpid(), data_path="userspace")
     monkeypatch.setattr(server_mod, "prove_requester", lambda pid: (1, ""))
-    monkeypatch.setattr(srv.watch, "call_of", lambda pid, wait, xl2tpd_pid=None: (c, ""))
+    monkeypatch.setattr(srv.watch, "call_of", lambda pid, wait, xl2tpd_pid=None, timing=None: (c, ""))
     monkeypatch.setattr(server_mod, "ACK_TIMEOUT", 1.0)
     # the null backend's channel has no fd to send: /dev/null stands in for the PPPoL2TP socket
     import pipexctl.kernel.backend as backend_mod

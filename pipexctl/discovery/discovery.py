@@ -626,11 +626,18 @@ class Discovery:
             if self.kernel else set()
         return lambda p: (not parents or p.ppid in parents) and p.pid not in held
 
-    def _reconcile_proc(self, scanned: Optional[Scanned] = None) -> list[Event]:
+    def _reconcile_proc(self, scanned: Optional[Scanned] = None, scanned_at: Optional[float] = None) -> list[Event]:
+        """``scanned``: a scan begun at ``scanned_at`` (monotonic); one is
+        taken now without it."""
         if not self.proc:
+            for ins in self.tracker.instances.values():
+                ins.calls.forget_named(float("inf"))  # no scan will judge them
             return []
         ev: list[Event] = []
-        daemons, children = scanned if scanned is not None else procscan.scan()
+        if scanned is None:
+            scanned_at, scanned = time.monotonic(), procscan.scan()
+        daemons, children = scanned
+        started = time.monotonic() if scanned_at is None else scanned_at
         alive = {d.pid for d in daemons}
         for s in self.sources:
             if s.control is not None:
@@ -640,11 +647,12 @@ class Discovery:
                         i.daemon_pid == owner for i in self._instances_of(s)):
                     main.daemon_pid = owner
             for ins in self._instances_of(s):
-                ev += self._reconcile_instance(s, ins, alive, children)
+                ev += self._reconcile_instance(s, ins, alive, children, started)
+                ins.calls.forget_named(started)
         return ev
 
     def _reconcile_instance(self, s: Source, ins: Instance, alive: set[int],
-                            children: dict[int, list[procscan.Proc]]) -> list[Event]:
+                            children: dict[int, list[procscan.Proc]], started: float) -> list[Event]:
         ev: list[Event] = []
         if ins.daemon_pid is not None and ins.daemon_pid not in alive:
             ev += self.tracker.all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
@@ -663,8 +671,12 @@ class Discovery:
         taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
         for c in list(ins.calls.values()):
             if c.pppd_pid is not None and c.pppd_pid not in by_pid:
-                # the scan may predate the log line that named this pppd
-                # (the daemon scans /proc outside its lock): look again
+                if ins.calls.named_since(c.pppd_pid, started):
+                    # named after the scan began (the daemon scans outside
+                    # its lock): the next scan judges it.  In a login storm
+                    # that is most calls, and a read of each held the lock
+                    continue
+                # named before: gone, or not yet exec'd (still named xl2tpd)
                 try:
                     now = procscan.read_process(c.pppd_pid, with_fds=False)
                 except OSError:  # out of fds here: nothing known of it, nothing ended
@@ -732,11 +744,12 @@ class Discovery:
         return ev
 
     def poll(self, reconcile: bool = True, control: bool = False,
-             scanned: Optional[Scanned] = None) -> list[Event]:
+             scanned: Optional[Scanned] = None, scanned_at: Optional[float] = None) -> list[Event]:
         """One step of following: new log lines, and optionally /proc + kernel (+ control).
 
-        ``scanned``: a ``procscan.scan()`` result taken beforehand (a caller
-        that serialises access to this object can scan /proc outside its lock).
+        ``scanned``: a ``procscan.scan()`` result begun at ``scanned_at``
+        (monotonic; a caller that serialises access to this object can scan
+        /proc outside its lock).
         ``poll_seconds`` gets the time each part took (for a slow poll's log line)."""
         t = time.monotonic()
         ev = self._read_logs()
@@ -744,7 +757,7 @@ class Discovery:
         if reconcile:
             parts: list[tuple[str, Callable[[], list[Event]]]] = [
                 ("control", self._reconcile_control)] if control else []
-            parts += [("proc", lambda: self._reconcile_proc(scanned)), ("kernel", self._reconcile_kernel)]
+            parts += [("proc", lambda: self._reconcile_proc(scanned, scanned_at)), ("kernel", self._reconcile_kernel)]
             try:
                 for name, part in parts:
                     t = time.monotonic()

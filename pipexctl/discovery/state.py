@@ -206,6 +206,9 @@ class Calls(Indexed[int, CallInfo]):
         # its call ids, not a set (56 bytes against 216, per call tracked)
         self.by_pppd: dict[int, tuple[int, ...]] = {}
         self.no_pppd: set[int] = set()
+        # pppd pid -> when a call first named it (monotonic), until a /proc
+        # scan begun after that has judged it (forget_named)
+        self.named: dict[int, float] = {}
         for c in (calls or {}).values():
             self[c.call_id] = c
 
@@ -228,12 +231,22 @@ class Calls(Indexed[int, CallInfo]):
         ids = self.by_pppd.get(pid, ())
         if call_id not in ids:
             self.by_pppd[pid] = ids + (call_id,)
+            self.named.setdefault(pid, time.monotonic())
 
     def pppd_known(self, c: CallInfo) -> None:
         """``c``'s pppd pid was just set (it was None)."""
         if self.get(c.call_id) is c and c.pppd_pid is not None:
             self.no_pppd.discard(c.call_id)
             self._link(c.pppd_pid, c.call_id)
+
+    def named_since(self, pid: int, t: float) -> bool:
+        """A call named pppd ``pid`` at or after ``t`` (monotonic)."""
+        return self.named.get(pid, float("-inf")) >= t
+
+    def forget_named(self, before: float) -> None:
+        """A /proc scan begun at ``before`` has judged the pppds named earlier."""
+        if self.named:
+            self.named = {p: t for p, t in self.named.items() if t >= before}
 
     def of_pppd(self, pid: int) -> list[CallInfo]:
         return [self[cid] for cid in self.by_pppd.get(pid, ())]

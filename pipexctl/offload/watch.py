@@ -422,7 +422,7 @@ class CallWatch:
             t_locked = time.monotonic()
             self._read_at = t_locked
             try:
-                ev = self.discovery.poll(reconcile=full, scanned=scanned)
+                ev = self.discovery.poll(reconcile=full, scanned=scanned, scanned_at=t)
             except OSError as e:  # out of fds (procscan raises rather than call a process gone)
                 log.warning("discovery poll failed: %s", e)
             except Exception:  # never let the watcher die: log and go on

@@ -240,6 +240,36 @@ def test_a_call_whose_child_has_not_exec_d_pppd_yet_is_not_ended_by_a_proc_scan(
         child.wait()
 
 
+def test_a_scan_begun_before_a_pppd_was_named_leaves_it_to_the_next_scan(tmp_path, monkeypatch):
+    """The daemon scans /proc outside its lock, and in a login storm the
+    scan takes long enough that most calls are named while it runs.  Such
+    a call's pppd is missing from the scan without being gone; it is not
+    read again under the lock (7 s of reads per storm there, every request
+    waiting), and not ended: the next scan judges it, and ends it if gone."""
+    import subprocess
+    import time
+
+    from pipexctl.discovery import procscan
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid: a pppd that is gone once judged
+    me = os.getpid()
+    before = time.monotonic()
+    d = _one_lns_call(tmp_path, me, gone.pid)
+    d.proc = True
+    xl2tpd = procscan.Proc(pid=me, ppid=os.getppid(), comm="xl2tpd", argv=["xl2tpd"], start=0)
+    reads = []
+    real = procscan.read_process
+    monkeypatch.setattr(procscan, "read_process", lambda pid, **kw: reads.append(pid) or real(pid, **kw))
+    assert d._reconcile_proc(([xl2tpd], {me: []}), scanned_at=before) == []
+    assert reads == [] and [c.call_id for c in d.tracker.calls()] == [19361]
+    (down,) = d._reconcile_proc(([xl2tpd], {me: []}), scanned_at=time.monotonic())
+    assert down.reason == f"pppd {gone.pid} exited" and d.tracker.calls() == []
+    assert reads == [gone.pid]
+    assert not d.tracker.inst(d.sources[0].name).calls.named  # judged: forgotten
+    d.close()
+
+
 def test_a_moved_calls_data_path_follows_the_kernel_not_its_pty(tmp_path):
     """A pppd moved into the kernel keeps its pty (the live move): /proc's
     tty says "userspace" while the kernel holds the session.  The kernel

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -57,6 +58,14 @@ class Proc:
         if self.ttys:
             return "userspace"
         return "unknown"
+
+
+def started(p: Proc) -> float:
+    """When ``p`` was forked, as a ``time.monotonic()`` time, rounded up to
+    the clock tick after it (stat gives whole ticks after boot, and boot
+    time is CLOCK_BOOTTIME's)."""
+    since_boot = (p.start + 1) / os.sysconf("SC_CLK_TCK")
+    return time.monotonic() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
 def _split_stat(stat: str) -> tuple[str, list[str]]:

@@ -91,6 +91,9 @@ class CallWatch:
     WAITING_INTERVAL = 0.05
     # a request reads the logs itself only when nobody did for FRESH seconds
     FRESH = 0.02
+    # a control answer judges a request's claim if asked after its pppd was
+    # forked and at most this long before the request (call_of)
+    ANSWER_AGE = 10.0
     # /proc and kernel scans are the costly part: every reconcile_interval
     # while calls come and go, every IDLE_RECONCILE when nothing happens
     # (ends are confirmed by exits, not by the scans)
@@ -177,12 +180,15 @@ class CallWatch:
         passed over.  ``timing["line"]``: seconds until its call was known
         with all its ids (the rest of the wait is the control pipe's and the
         barrier's check)."""
-        # xl2tpd lists a call from its ICRQ on, before it forks the call's
-        # pppd: a control answer asked for after this pppd asked lists its call
-        since = time.monotonic()
-        end = since + wait
+        now = time.monotonic()
+        end = now + wait
         # read once, outside the lock: a pppd's parent and argv do not change
         proc = procscan.read_process(pid, with_fds=False)
+        # xl2tpd lists a call from its ICRQ on, before it forks the call's
+        # pppd, and logs the call in the step of that fork: an answer asked
+        # after the fork lists the call and comes after its line.  In a storm
+        # pppd takes seconds to ask, and answers asked meanwhile serve it
+        since = now if proc is None else max(min(now, procscan.started(proc)), now - self.ANSWER_AGE)
         with self.lock:
             self.waiting += 1
             self.active = time.monotonic()

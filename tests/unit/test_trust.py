@@ -456,6 +456,41 @@ def test_a_control_answer_fetched_before_a_call_began_does_not_end_it(watched):
     assert {c.call_id for c in w.discovery.tracker.calls()} == {100}
 
 
+@pytest.mark.parametrize("asked", ["after the fork", "before the fork", "too long before the request"])
+def test_an_answer_asked_after_the_pppd_was_forked_judges_its_request(watched, asked):
+    """xl2tpd lists a call from its ICRQ on and forks the call's pppd after
+    that, logging the call in the same step: an answer asked after the fork
+    lists the call and came after its line.  So it serves the request, made
+    seconds later in a login storm, without a question of its own; an answer
+    asked before the fork, or more than ANSWER_AGE before the request, does not."""
+    w, log = watched
+    stub = _with_control(w, StubControl([100]))
+    w.ANSWER_AGE = 0.5
+
+    def ask():
+        w.discovery.poll(reconcile=False)
+        w.discovery.apply_control(w.discovery.fetch_control(), w.discovery.control_known())
+
+    if asked == "before the fork":
+        ask()
+        time.sleep(0.05)  # over a clock tick: the fork is seen to come after
+    pppd = _pppd_for()
+    try:
+        time.sleep(0.05)
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 100))
+        if asked != "before the fork":
+            ask()
+        if asked == "too long before the request":
+            time.sleep(0.7)
+        call, why = w.call_of(pppd.pid, 3.0)
+        assert call is not None and call.call_id == 100, why
+        assert stub.asked == (1 if asked == "after the fork" else 2)
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
 def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):
     import threading
 

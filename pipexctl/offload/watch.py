@@ -192,10 +192,13 @@ class CallWatch:
         with self.lock:
             self.waiting += 1
             self.active = time.monotonic()
+            timing = {} if timing is None else timing
             try:
-                return self._call_of(pid, proc, since, end, xl2tpd_pid, {} if timing is None else timing)
+                return self._call_of(pid, proc, since, end, xl2tpd_pid, timing)
             finally:
                 self.waiting -= 1
+                if "line" in timing:
+                    timing["line"] -= now
 
     def _call_of(self, pid: int, proc: Optional[procscan.Proc], since: float, end: float,
                  xl2tpd_pid: Optional[int], timing: dict[str, float]) -> tuple[Optional[CallInfo], str]:
@@ -223,7 +226,7 @@ class CallWatch:
                               f"is forged, and which cannot be told")
             complete = mine is not None and mine.ids() is not None
             if complete and "line" not in timing:
-                timing["line"] = time.monotonic() - since
+                timing["line"] = time.monotonic()  # call_of makes it a duration
             if mine is not None and complete and verdict[id(mine)] is not None:
                 bar = self.discovery.barrier(mine.instance)
                 if bar == "wait":

@@ -104,6 +104,10 @@ def test_a_quiet_watcher_sleeps_and_is_woken_by_an_exit_a_reload_and_a_stop(tmp_
 
 
 def test_a_request_waiting_for_its_line_wakes_the_watcher_and_gets_its_call(tmp_path):
+    """... and says how long it waited for the line: from its request, not
+    from its pppd's fork (forked a while before it asked, here)."""
+    pppd = subprocess.Popen(["sleep", "30"])
+    time.sleep(0.6)
     log, d, w, stop, reload, t, ticks, reloads = _watcher(tmp_path)
     try:
         def later():
@@ -111,18 +115,23 @@ def test_a_request_waiting_for_its_line_wakes_the_watcher_and_gets_its_call(tmp_
             with log.open("a") as f:
                 f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
                         "(ref=0/0).  LNS session is 'default'\n"
-                        "xl2tpd[147]: Call established with 10.99.1.2, PID: 151, Local: 19361, Remote: 13604, "
+                        f"xl2tpd[147]: Call established with 10.99.1.2, PID: {pppd.pid}, Local: 19361, Remote: 13604, "
                         "Serial: 1\n")
         threading.Thread(target=later, daemon=True).start()
         t0 = time.monotonic()
-        call, why = w.call_of(151, 20.0)
+        timing = {}
+        call, why = w.call_of(pppd.pid, 20.0, timing=timing)
+        took = time.monotonic() - t0
         assert call is not None, why
-        assert time.monotonic() - t0 < 10  # not the minute of an idle watcher
+        assert took < 10  # not the minute of an idle watcher
+        assert 0.4 <= timing["line"] <= took, (timing, took)
         assert w.waiting == 0
     finally:
         stop.set()
         t.join(5)
         d.close()
+        pppd.kill()
+        pppd.wait()
 
 
 def test_waiting_requests_look_at_the_model_for_news_not_at_each_watcher_round(tmp_path):

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipexctl.serve")
 
 
-def _argv_disagrees(pid: int, argv: list[str], call: CallInfo) -> str:
+def _argv_disagrees(pid: int, call: CallInfo) -> str:
     """xl2tpd starts each pppd with ``ipparam PEER`` (the tunnel's peer): a
     call from the log that names another peer is not this pppd's."""
+    argv = procscan.argv(pid)  # read at the answer: once per request
     if "ipparam" in argv[:-1]:
         peer = argv[argv.index("ipparam") + 1]
         if peer != call.peer:
@@ -183,6 +184,7 @@ class CallWatch:
         now = time.monotonic()
         end = now + wait
         # read once, outside the lock: a pppd's parent and argv do not change
+        # (_call_of reads it again while it is not yet pppd)
         proc = procscan.read_process(pid, with_fds=False)
         # xl2tpd lists a call from its ICRQ on, before it forks the call's
         # pppd, and logs the call in the step of that fork: an answer asked
@@ -204,8 +206,9 @@ class CallWatch:
                  xl2tpd_pid: Optional[int], timing: dict[str, float]) -> tuple[Optional[CallInfo], str]:
         asked, kicked = float("-inf"), False
         refuted: dict[tuple[str, Optional[int], int], CallInfo] = {}
-        argv = proc.argv if proc is not None else []
         while True:
+            if proc is None or proc.comm != "pppd":  # not exec'd yet when read: read again
+                proc = procscan.read_process(pid, with_fds=False)
             self._look(pid, proc)
             claims = self.discovery.tracker.calls_of_pppd(pid)
             self._refute(refuted, pid, [c for c in claims if not self._of_parent(c, xl2tpd_pid)],
@@ -239,7 +242,7 @@ class CallWatch:
                                   "time: whether a second line names this pppd cannot be told yet")
                 if bar == "absent":
                     self.unbarriered += 1
-                why = _argv_disagrees(pid, argv, mine)
+                why = _argv_disagrees(pid, mine)
                 return (None, why) if why else (mine.copy(), "")
             if (mine is not None or refuted) and self._asking is not None and time.monotonic() < end:
                 # a question is out: wait for its answer (it serves this
@@ -260,7 +263,7 @@ class CallWatch:
                     log.warning("call %d of pppd %d not checked against xl2tpd's control pipe (no answer)",
                                 mine.call_id, pid)
                     self.unchecked += 1
-                    why = _argv_disagrees(pid, argv, mine)
+                    why = _argv_disagrees(pid, mine)
                     return (None, why) if why else (mine.copy(), "")
                 continue
             left = end - time.monotonic()

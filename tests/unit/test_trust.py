@@ -262,7 +262,7 @@ def test_a_pppd_claimed_by_two_calls_is_refused_not_guessed(watched):
 @pytest.mark.parametrize("ipparam,ok", [("10.99.1.2", True), ("10.99.7.7", False)])
 def test_the_call_must_be_for_the_peer_xl2tpd_started_the_pppd_for(watched, ipparam, ok):
     w, log = watched
-    pppd = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ipparam", ipparam])
+    pppd = _pppd_for(ipparam)
     try:
         with log.open("a") as f:
             f.write(_call_lines(pppd.pid, 100))
@@ -305,7 +305,14 @@ def _with_control(w, stub):
 
 
 def _pppd_for(peer="10.99.1.2"):
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ipparam", peer])
+    """A stand-in pppd started for ``peer``, once its argv shows in /proc
+    (Popen may return while execve is still setting it up: a real pppd asks
+    long after)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ipparam", peer])
+    end = time.monotonic() + 10
+    while not procscan.argv(p.pid) and time.monotonic() < end:
+        time.sleep(0.005)
+    return p
 
 
 def test_a_forged_call_line_written_before_xl2tpds_own_is_passed_over(watched):

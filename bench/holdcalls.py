@@ -35,7 +35,6 @@ import os
 import resource
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from controlplane import Floor, nlmod, rcu_expedited  # noqa: E402
+from farm import pppd_farm  # noqa: E402
 from servicestorm import NET, drop_all, finish, pct, setup  # noqa: E402
 
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
@@ -76,42 +76,6 @@ def rss_mib() -> dict[str, float]:
             out[{"VmRSS": "rss_mib", "RssAnon": "anon_mib", "RssFile": "file_mib"}[name]] = \
                 round(int(value.split()[0]) / 1024, 1)
     return out
-
-
-FARM_C = r"""
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <unistd.h>
-/* N children that wait for ever (each dies with the farm); their pids on stdout */
-int main(int argc, char **argv) {
-    int n = atoi(argv[1]);
-    for (int i = 0; i < n; i++) {
-        pid_t p = fork();
-        if (p < 0) { perror("fork"); return 1; }
-        if (p == 0) { close(1); prctl(PR_SET_PDEATHSIG, SIGKILL); for (;;) pause(); }
-        printf("%d\n", (int)p);
-    }
-    fflush(stdout);
-    fclose(stdout);
-    for (;;) pause();
-}
-"""
-
-
-def pppd_farm(n: int, d: str) -> tuple[subprocess.Popen[bytes], list[int]]:
-    """N processes standing in for the calls' pppds (one pidfd each in the service)."""
-    src, exe = os.path.join(d, "farm.c"), os.path.join(d, "farm")
-    Path(src).write_text(FARM_C)
-    subprocess.run(["cc", "-O2", "-o", exe, src], check=True)
-    farm = subprocess.Popen([exe, str(n)], stdout=subprocess.PIPE)
-    assert farm.stdout is not None
-    pids = [int(x) for x in farm.stdout.read().split()]
-    if len(pids) != n:
-        farm.kill()
-        raise SystemExit(f"the pppd farm made {len(pids)} of {n} processes")
-    return farm, pids
 
 
 PREFIX = "Dec  4 06:00:00 lns xl2tpd[100]: "

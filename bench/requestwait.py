@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,43 +30,12 @@ from pathlib import Path
 
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from farm import pppd_farm  # noqa: E402
 
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.offload.watch import CallWatch, FdEvent  # noqa: E402
-
-FARM_C = r"""
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <unistd.h>
-/* N children named pppd that wait (each dies with the farm); their pids on stdout */
-int main(int argc, char **argv) {
-    int n = atoi(argv[1]);
-    for (int i = 0; i < n; i++) {
-        pid_t p = fork();
-        if (p < 0) { perror("fork"); return 1; }
-        if (p == 0) { close(1); prctl(PR_SET_PDEATHSIG, SIGKILL); prctl(PR_SET_NAME, "pppd"); for (;;) pause(); }
-        printf("%d\n", (int)p);
-    }
-    fflush(stdout);
-    fclose(stdout);
-    for (;;) pause();
-}
-"""
-
-
-def farm(n: int, d: str) -> tuple[subprocess.Popen[bytes], list[int]]:
-    src, exe = os.path.join(d, "farm.c"), os.path.join(d, "farm")
-    Path(src).write_text(FARM_C)
-    subprocess.run(["cc", "-O2", "-o", exe, src], check=True)
-    p = subprocess.Popen([exe, str(n)], stdout=subprocess.PIPE)
-    assert p.stdout is not None
-    pids = [int(x) for x in p.stdout.read().split()]
-    if len(pids) != n:
-        p.kill()
-        raise SystemExit(f"the farm made {len(pids)} of {n} processes")
-    return p, pids
 
 
 def lines(parent: int, n: int, pid: int) -> str:
@@ -86,7 +54,7 @@ def pct(v: list[float], q: float) -> float:
 
 def round_(k: int, spread: float, lag: float, wait: float) -> dict:
     d = tempfile.mkdtemp()
-    proc, pids = farm(k, d)
+    proc, pids = pppd_farm(k, d)
     try:
         log = Path(d) / "syslog"
         log.write_text(f"Dec  5 06:00:00 lns xl2tpd[{proc.pid}]: xl2tpd version xl2tpd-1.3.18 started on lns "

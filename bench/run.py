@@ -214,32 +214,36 @@ def startup_table(su: dict) -> str:
             f"{su['checkpoint_bytes'] / 1e6:.1f} MB; same model both ways: {su['same_model']}.\n")
 
 
+def host_table(title: str, head: list[str], rows: list[list[object]]) -> str:
+    """A host bench's rows under its own heading (nothing without rows)."""
+    if not rows:
+        return ""
+    out = ["", f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
 def bookkeeping_table(bk: dict) -> str:
     """bench/bookkeeping.py's rows (host): per-operation cost against the calls already held."""
-    if not bk.get("rows"):
-        return ""
-    out = ["", "### The daemon's bookkeeping with N calls held (bench/bookkeeping.py, host)", "",
-           "| layout | N | code | offload p50 ms | of it under the lock | end p50 ms | request lookup p50 ms |",
-           "|---|---|---|---|---|---|---|"]
-    for r in bk["rows"]:
+    rows = []
+    for r in bk.get("rows", []):
         look = r.get("request_lookup_ms", {}).get("p50")
-        out.append(f"| {r['layout']} | {r['n']:,} | {r.get('code', 'this tree')} | {r['offload_ms']['p50']:.2f} | "
-                   f"{r['under_lock_ms']['p50']:.2f} | {r['end_ms']['p50']:.2f} | "
-                   f"{'-' if look is None else f'{look:.3f}'} |")
-    return "\n".join(out) + "\n"
+        rows.append([r["layout"], f"{r['n']:,}", r.get("code", "this tree"), f"{r['offload_ms']['p50']:.2f}",
+                     f"{r['under_lock_ms']['p50']:.2f}", f"{r['end_ms']['p50']:.2f}",
+                     "-" if look is None else f"{look:.3f}"])
+    return host_table("The daemon's bookkeeping with N calls held (bench/bookkeeping.py, host)",
+                      ["layout", "N", "code", "offload p50 ms", "of it under the lock", "end p50 ms",
+                       "request lookup p50 ms"], rows)
 
 
 def requestwait_table(rw: dict) -> str:
     """bench/requestwait.py's rows (host): requests waiting for their calls' log lines."""
-    if not rw.get("rounds"):
-        return ""
-    out = ["", "### Requests waiting for their lines (bench/requestwait.py, host)", "",
-           "| K | requests over s | line after s | answered | line -> answer p50 / p99 ms | CPU s | looks |",
-           "|---|---|---|---|---|---|---|"]
-    for r in rw["rounds"]:
-        out.append(f"| {r['k']} | {r['spread_s']:g} | {r['lag_s']:g} | {r['answered']} | "
-                   f"{r['line_to_answer_p50_ms']} / {r['line_to_answer_p99_ms']} | {r['cpu_s']} | {r['looks']} |")
-    return "\n".join(out) + "\n"
+    rows = [[r["k"], f"{r['spread_s']:g}", f"{r['lag_s']:g}", r["answered"],
+             f"{r['line_to_answer_p50_ms']} / {r['line_to_answer_p99_ms']}", r["cpu_s"], r["looks"]]
+            for r in rw.get("rounds", [])]
+    return host_table("Requests waiting for their lines (bench/requestwait.py, host)",
+                      ["K", "requests over s", "line after s", "answered", "line -> answer p50 / p99 ms", "CPU s",
+                       "looks"], rows)
 
 
 def dp_extra(res: dict) -> str:

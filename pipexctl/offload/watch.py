@@ -246,7 +246,7 @@ class CallWatch:
                 return (None, why) if why else (mine.copy(), "")
             if (mine is not None or refuted) and self._asking is not None and time.monotonic() < end:
                 # a question is out: wait for its answer (it serves this
-                # request if it was asked after the request began)
+                # request if it was asked after `since`: call_of)
                 self._sleep(max(0.05, min(end - time.monotonic(), 1.0)))
                 continue
             if (mine is not None or refuted) and time.monotonic() - asked > 0.5:

@@ -1,6 +1,6 @@
-"""Stand-in pppds for the benches that run without real calls: a tiny C
-program forks N children named ``pppd`` that wait (each dies with the
-farm), and prints their pids."""
+"""Stand-ins for the benches that run without real calls: pppds (a tiny C
+program forks N children named ``pppd`` that wait, each dying with the
+farm, and prints their pids) and xl2tpd's log lines for their calls."""
 
 from __future__ import annotations
 
@@ -27,6 +27,21 @@ int main(int argc, char **argv) {
     for (;;) pause();
 }
 """
+
+
+ARGV_LINES = ("start_pppd: I'm running: ", '"/usr/sbin/pppd" ', '"passive" ', '"nodetach" ', '"file" ',
+              '"/etc/ppp/options.xl2tpd" ', '"/dev/pts/1" ')
+
+
+def call_lines(prefix: str, net: str, n: int, pid: int, argv: bool = False) -> list[str]:
+    """xl2tpd's lines for LNS call ``n`` of pppd ``pid``, in a tunnel of its
+    own from peer ``net``.X.Y (``argv``: with the pppd command line it logs)."""
+    peer, tid, cid = f"{net}.{1 + n // 250}.{1 + n % 250}", 1000 + n, 3000 + n
+    return [prefix + ln for ln in (
+        f"Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1000} (ref=0/0).  "
+        "LNS session is 'default'",
+        *(ARGV_LINES if argv else ()),
+        f"Call established with {peer}, PID: {pid}, Local: {cid}, Remote: {cid + 1000}, Serial: 1")]
 
 
 def pppd_farm(n: int, d: str) -> tuple[subprocess.Popen[bytes], list[int]]:

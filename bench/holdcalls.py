@@ -45,7 +45,7 @@ if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from controlplane import Floor, nlmod, rcu_expedited  # noqa: E402
-from farm import pppd_farm  # noqa: E402
+from farm import call_lines, pppd_farm  # noqa: E402
 from servicestorm import NET, drop_all, finish, pct, setup  # noqa: E402
 
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
@@ -85,13 +85,7 @@ def xl2tpd_log(pids: list[int]) -> str:
     """A syslog of N live calls, each in a tunnel of its own, as xl2tpd logs them."""
     out = [PREFIX + "xl2tpd version xl2tpd-1.3.18 started on lns PID:100"]
     for n, pid in enumerate(pids):
-        peer, tid, cid = f"{NET}.{1 + n // 250}.{1 + n % 250}", 1000 + n, 3000 + n
-        out += [PREFIX + ln for ln in (
-            f"Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1000} (ref=0/0).  "
-            "LNS session is 'default'",
-            "start_pppd: I'm running: ", '"/usr/sbin/pppd" ', '"passive" ', '"nodetach" ', '"file" ',
-            '"/etc/ppp/options.xl2tpd" ', '"/dev/pts/1" ',
-            f"Call established with {peer}, PID: {pid}, Local: {cid}, Remote: {cid + 1000}, Serial: 1")]
+        out += call_lines(PREFIX, NET, n, pid, argv=True)
     return "\n".join(out) + "\n"
 
 

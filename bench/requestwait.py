@@ -32,24 +32,11 @@ if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from farm import pppd_farm  # noqa: E402
+from farm import call_lines, pppd_farm  # noqa: E402
+from servicestorm import pct  # noqa: E402
 
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.offload.watch import CallWatch, FdEvent  # noqa: E402
-
-
-def lines(parent: int, n: int, pid: int) -> str:
-    pre = f"Dec  5 06:00:00 lns xl2tpd[{parent}]: "
-    peer, tid, cid = f"10.98.{1 + n // 250}.{1 + n % 250}", 1000 + n, 3000 + n
-    return "".join(pre + ln + "\n" for ln in (
-        f"Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1000} (ref=0/0).  "
-        "LNS session is 'default'",
-        f"Call established with {peer}, PID: {pid}, Local: {cid}, Remote: {cid + 1000}, Serial: 1"))
-
-
-def pct(v: list[float], q: float) -> float:
-    v = sorted(v)
-    return round(v[min(len(v) - 1, int(q * len(v)))] * 1000, 1)
 
 
 def round_(k: int, spread: float, lag: float, wait: float) -> dict:
@@ -57,8 +44,8 @@ def round_(k: int, spread: float, lag: float, wait: float) -> dict:
     proc, pids = pppd_farm(k, d)
     try:
         log = Path(d) / "syslog"
-        log.write_text(f"Dec  5 06:00:00 lns xl2tpd[{proc.pid}]: xl2tpd version xl2tpd-1.3.18 started on lns "
-                       f"PID:{proc.pid}\n")
+        pre = f"Dec  5 06:00:00 lns xl2tpd[{proc.pid}]: "
+        log.write_text(f"{pre}xl2tpd version xl2tpd-1.3.18 started on lns PID:{proc.pid}\n")
         watch = CallWatch(Discovery([str(log)], proc=False, kernel=False))
         watch.first_read()
         stop, reload = FdEvent(), FdEvent()
@@ -83,7 +70,7 @@ def round_(k: int, spread: float, lag: float, wait: float) -> dict:
             with open(log, "a") as f:
                 for i in range(k):
                     time.sleep(max(0.0, t0 + i * spread / k + lag - time.monotonic()))
-                    f.write(lines(proc.pid, i, pids[i]))
+                    f.write("".join(ln + "\n" for ln in call_lines(pre, "10.98", i, pids[i])))
                     f.flush()
                     written[i] = time.monotonic()
 

@@ -225,6 +225,30 @@ def _framed(code: int, value: bytes) -> bytes:
 
 _A = {name: _packer(code, kind) for code, name, kind in l2tpmsg.nla_map}  # attribute name -> its packer
 HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr (cmd, version, reserved)
+
+def _run(*names: str) -> Callable[..., bytes]:
+    """Scalar attributes always sent together (a request's ids), packed with
+    their headers in one struct call: ``_run(A, B)(a, b) == _A[A](a) + _A[B](b)``.
+    Each header is fixed, so it goes in as one native 32-bit word."""
+    fmt, heads = "=", []
+    for name in names:
+        code, kind = _KINDS[name]
+        vfmt, size = _SCALARS[kind]
+        fmt += "I" + vfmt
+        heads.append(U32.unpack(NLA_HDR.pack(NLA_HDR.size + size, code))[0])
+    pack = struct.Struct(fmt).pack
+    if len(heads) == 2:
+        h0, h1 = heads
+        return lambda a, b: pack(h0, a, h1, b)
+    if len(heads) == 4:
+        h0, h1, h2, h3 = heads
+        return lambda a, b, c, d: pack(h0, a, h1, b, h2, c, h3, d)
+    raise ValueError(f"no run of {len(heads)} attributes is sent")
+
+
+_KINDS = {name: (code, kind) for code, name, kind in l2tpmsg.nla_map}
+_TUNNEL_SESSION = _run("L2TP_ATTR_CONN_ID", "L2TP_ATTR_SESSION_ID")
+_SESSION_CREATE = _run("L2TP_ATTR_CONN_ID", "L2TP_ATTR_SESSION_ID", "L2TP_ATTR_PEER_SESSION_ID", "L2TP_ATTR_PW_TYPE")
 CTRL_ATTR_FAMILY_NAME = 2  # linux/genetlink.h
 
 
@@ -301,12 +325,7 @@ def build_tunnel_get(tunnel_id: int | None = None) -> Request:
 
 
 def build_session_create(spec: SessionSpec) -> Request:
-    a: list[bytes] = [
-        _A["L2TP_ATTR_CONN_ID"](spec.tunnel_id),
-        _A["L2TP_ATTR_SESSION_ID"](spec.session_id),
-        _A["L2TP_ATTR_PEER_SESSION_ID"](spec.peer_session_id),
-        _A["L2TP_ATTR_PW_TYPE"](spec.pw_type.kernel),
-    ]
+    a: list[bytes] = [_SESSION_CREATE(spec.tunnel_id, spec.session_id, spec.peer_session_id, spec.pw_type.kernel)]
     if spec.ifname:
         a.append(_A["L2TP_ATTR_IFNAME"](spec.ifname))
     if spec.l2spec_type is not None:
@@ -336,10 +355,7 @@ def _session_flags(recv_seq: Optional[bool], send_seq: Optional[bool], lns_mode:
 
 
 def build_session_delete(tunnel_id: int, session_id: int) -> Request:
-    return _msg(
-        uapi.L2TP_CMD_SESSION_DELETE,
-        [_A["L2TP_ATTR_CONN_ID"](tunnel_id), _A["L2TP_ATTR_SESSION_ID"](session_id)],
-    )
+    return Request(uapi.L2TP_CMD_SESSION_DELETE, uapi.L2TP_GENL_VERSION, _TUNNEL_SESSION(tunnel_id, session_id))
 
 
 def build_session_modify(
@@ -351,12 +367,14 @@ def build_session_modify(
     lns_mode: bool | None = None,
     recv_timeout_ms: int | None = None,
 ) -> Request:
-    a: list[bytes] = [_A["L2TP_ATTR_CONN_ID"](tunnel_id), _A["L2TP_ATTR_SESSION_ID"](session_id)]
+    a: list[bytes] = [_TUNNEL_SESSION(tunnel_id, session_id)]
     a.extend(_session_flags(recv_seq, send_seq, lns_mode, recv_timeout_ms))
     return _msg(uapi.L2TP_CMD_SESSION_MODIFY, a)
 
 
 def build_session_get(tunnel_id: int | None = None, session_id: int | None = None) -> Request:
+    if tunnel_id is not None and session_id is not None:  # one session: the delete's probe
+        return Request(uapi.L2TP_CMD_SESSION_GET, uapi.L2TP_GENL_VERSION, _TUNNEL_SESSION(tunnel_id, session_id))
     a: list[bytes] = []
     if tunnel_id is not None:
         a.append(_A["L2TP_ATTR_CONN_ID"](tunnel_id))
@@ -529,14 +547,20 @@ class L2tpNetlink:
         as ``cls`` (a message class), or what ``cls(data, offset, length)``
         makes of each raw reply.  Ends at the ack (requests) or NLMSG_DONE
         (dumps); an error answer raises NetlinkError(code)."""
+        code, out = self._roundtrip(msg, msg_type, flags, cls or l2tpmsg)
+        if code:
+            raise NetlinkError(code)
+        return out
+
+    def _roundtrip(self, msg: Request, msg_type: int, flags: int, cls: Any) -> tuple[int, list[Any]]:
+        """``_exchange`` with the kernel's error answer returned as its errno
+        (0: none), not raised: a probe's usual "not found" costs no exception."""
         if self._unfinished:
             self._drain()
         self._seq = seq = self._seq % 0x7FFFFFFF + 1
         self._sock.send(msg.encode(msg_type, flags, seq))
         self._unfinished = seq
-        out = self._answers(seq, cls or l2tpmsg)
-        self._unfinished = 0
-        return out
+        return self._answers(seq, cls)
 
     def _drain(self) -> None:
         """Read what an interrupted request left (a dump the kernel goes on
@@ -545,39 +569,38 @@ class L2tpNetlink:
         self._sock.settimeout(1.0)
         try:
             self._answers(self._unfinished, None)
-        except (NetlinkError, OSError):  # its error, or silence: either way nothing is left
+        except (NetlinkError, OSError):  # malformed, or silence: either way nothing is left
             pass
         finally:
             self._sock.settimeout(None)
             self._unfinished = 0
 
-    def _answers(self, seq: int, cls: Any) -> list[Any]:
+    def _answers(self, seq: int, cls: Any) -> tuple[int, list[Any]]:
+        """The answers to request ``seq`` up to its last, and that last
+        one's errno (0: none)."""
         out: list[Any] = []
+        buf, recv_into, unpack = self._buf, self._sock.recv_into, NLMSG_HDR.unpack_from
         while True:
-            n = self._sock.recv_into(self._buf, 0, socket.MSG_TRUNC)
-            if n > len(self._buf):
+            n = recv_into(buf, 0, socket.MSG_TRUNC)
+            if n > len(buf):
                 raise NetlinkError(errno.EMSGSIZE, "netlink answer larger than the receive buffer")
-            data = self._buf  # read in place: only a decoded message gets a copy
-            off = 0
-            while off + NLMSG_HDR.size <= n:
-                length, typ, _, rseq, _ = NLMSG_HDR.unpack_from(data, off)
-                if length < NLMSG_HDR.size or off + length > n:  # (past n lie an earlier answer's bytes)
+            off = 0  # read in place: only a decoded message gets a copy
+            while off + 16 <= n:  # 16: NLMSG_HDR.size
+                length, typ, _, rseq, _ = unpack(buf, off)
+                if length < 16 or off + length > n:  # (past n lie an earlier answer's bytes)
                     raise NetlinkError(errno.EBADMSG, "malformed netlink answer")
                 if rseq == seq:
-                    if typ in (NLMSG_ERROR, NLMSG_DONE):
+                    if typ == NLMSG_ERROR or typ == NLMSG_DONE:
                         # the request's last answer, an error too: nothing is
                         # left to drain (a drain waits a second for silence)
                         self._unfinished = 0
-                        code = ERRNO.unpack_from(data, off + NLMSG_HDR.size)[0] if length >= 20 else 0
-                        if code:
-                            raise NetlinkError(abs(code))
-                        return out
+                        return (abs(ERRNO.unpack_from(buf, off + 16)[0]) if length >= 20 else 0), out
                     if isinstance(cls, type):
-                        m = cls(bytes(data[off:off + length]))
+                        m = cls(bytes(buf[off:off + length]))
                         m.decode()
                         out.append(m)
                     elif cls is not None:  # a reader of the raw message
-                        out.append(cls(data, off, length))
+                        out.append(cls(buf, off, length))
                 off += (length + 3) & ~3  # a stale answer (another sequence number) is skipped
 
     def close(self) -> None:
@@ -600,14 +623,18 @@ class L2tpNetlink:
         # every request asks for an ack, so that a GET's end is known too
         with self._lock:
             try:
-                return self._exchange(msg, self.family, flags if flags & NLM_F_DUMP else flags | NLM_F_ACK, cls)
-            except NetlinkError as e:
-                if absent is not None and e.code in errors.NOT_FOUND:
-                    return absent
-                raise errors.from_errno(e.code, _named(what), action) from None
+                code, out = self._roundtrip(msg, self.family, flags if flags & NLM_F_DUMP else flags | NLM_F_ACK,
+                                            cls or l2tpmsg)
+            except NetlinkError as e:  # a malformed or oversized answer
+                code, out = e.code, []
             except OSError as e:  # the socket itself (closed, ENOBUFS...): one clear error too
                 raise errors.KernelError(f"cannot {action} {_named(what)}: netlink socket: {e.strerror or e}",
                                          errno=e.errno) from None
+        if not code:
+            return out
+        if absent is not None and code in errors.NOT_FOUND:
+            return absent
+        raise errors.from_errno(code, _named(what), action)
 
     # tunnels
     def tunnel_create(self, spec: TunnelSpec) -> None:

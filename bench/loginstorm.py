@@ -15,6 +15,8 @@ Two rounds per K, in one boot:
 - (n) as (d), with `pipexctl_move 0`: no plugin timer, so no control link
   per call: what the links cost a storm.
 The LACs run xl2tpd's kernel mode in every round, so their cost is the same.
+Each row also has the guest's busy CPU seconds over the round and, in the
+pipexctl rounds, the daemon's own CPU seconds and its resident memory.
 Not a test: it asserts nothing.
 
     python -m pipexctl.testing.vm --memory 4096 -- .venv/bin/python bench/loginstorm.py --k 25,100
@@ -47,6 +49,54 @@ def pppol2tp_sessions(ns: str) -> int:
 
 
 METRICS_PORT = 9479
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` and the children it
+    waited for have used, 0.0 if it is gone."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in f[11:15]) / TICK  # utime, stime, cutime, cstime: fields 14-17 of stat(5)
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole guest since boot (/proc/stat's cpu line)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = v[3] + v[4]  # idle, iowait
+    return (sum(v[:8]) - idle) / TICK, sum(v[:8]) / TICK
+
+
+def serve_memory(pid: int) -> dict:
+    """The daemon's resident memory now and at its peak, MiB, its threads,
+    and its resident memory by kind of mapping (smaps): the heap, anonymous
+    mappings (other threads' malloc arenas, pymalloc's arenas, stacks) and
+    files (the interpreter, libraries, extension modules)."""
+    out: dict = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            out[{"VmRSS": "rss_mib", "VmHWM": "peak_rss_mib"}[name]] = round(int(value.split()[0]) / 1024, 1)
+        elif name == "Threads":
+            out["threads"] = int(value)
+    kinds = {"heap": 0, "anon": 0, "file": 0, "other": 0}
+    big_anon = 0  # anonymous mappings of 1 MiB or more resident
+    kind = "other"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        f = line.split()
+        if f and "-" in f[0] and not f[0].endswith(":"):  # a mapping's header: range, perms, offset, dev, inode, path
+            path = f[5] if len(f) > 5 else ""
+            kind = "heap" if path == "[heap]" else "anon" if not path else "file" if path.startswith("/") else "other"
+        elif f and f[0] == "Rss:":
+            kb = int(f[1])
+            kinds[kind] += kb
+            if kind == "anon" and kb >= 1024:
+                big_anon += 1
+    out["by_kind_mib"] = {k: round(v / 1024, 1) for k, v in kinds.items()}
+    out["anon_mappings_over_1_mib"] = big_anon
+    return out
 
 
 def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
@@ -75,13 +125,18 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         if scrape:
             threading.Thread(target=scrape_loop, args=(lab.lns.ns, stop, scrapes), daemon=True).start()
             time.sleep(1)  # the loop running before the first dial
+        serve_pid = lab.serves[-1].pid if offload else None  # `ip netns exec` execs the daemon: its pid
+        cpu0, machine0 = (proc_cpu(serve_pid) if serve_pid else 0.0), machine_cpu()
         t0 = time.monotonic()
         for lac in lab.lacs:
             lab.control(lac, "c lns")
         dialled = time.monotonic() - t0
         up = offloaded = None
         end = t0 + timeout
+        rss_seen: list[float] = []  # the daemon's RSS, MiB, every 10 s from the first dial
         while time.monotonic() < end:
+            if serve_pid and len(rss_seen) <= (time.monotonic() - t0) // 10:
+                rss_seen.append(serve_memory(serve_pid)["rss_mib"])
             if offload and offloaded is None and pppol2tp_sessions(lab.lns.ns) >= k:
                 offloaded = time.monotonic() - t0
             if up is None and len(ppp_inet_links(lab.lns.ns)) >= k:
@@ -90,8 +145,15 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
                 break
             time.sleep(0.1)
         stop.set()
+        machine1 = machine_cpu()
         out = {"k": k, "dial_seconds": round(dialled, 2), "all_up_seconds": up,
-               "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns)}
+               "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns),
+               # from the first dial to the end of the round: what the daemon took of the guest's CPU
+               "cpu_seconds": {"machine_busy": round(machine1[0] - machine0[0], 1),
+                               "machine_all": round(machine1[1] - machine0[1], 1)}}
+        if serve_pid:
+            out["cpu_seconds"]["serve"] = round(proc_cpu(serve_pid) - cpu0, 1)
+            out["serve_memory"] = {**serve_memory(serve_pid), "rss_mib_every_10s": rss_seen}
         if offload:
             st = lab.serve_status(lab.lns)
             # up and offloaded: the plugin gives pppd its channel before LCP starts

@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -116,17 +117,24 @@ def storm_table(st: dict) -> str:
     out = _head("Login storm (`bench/loginstorm.py`): K calls dialled at once, one per LAC namespace, against one "
                 "LNS; the LACs in xl2tpd's kernel mode in both rounds:",
                 ["K", "(c) kernel mode: all up, s", "(d) pipexctl: all up and offloaded, s", "d / c (target <= 1.2)",
-                 "request -> channel p50 / p99 / max ms (n)"])
+                 "request -> channel p50 / p99 / max ms (n)", "(d) the daemon: RSS MiB at the end, CPU s"])
     by = {(r["k"], r["case"]): r for r in rows}
     with_c = {r["k"] for r in rows if r.get("case") == "c-xl2tpd-kernel"}
+
+    def up(r: dict, secs: Optional[float], k: int) -> str:
+        if secs:
+            return f"{secs:.1f}"
+        return r.get("error") or (f"not all up: {r['links_up']} of {k}" if "links_up" in r else "not all up")
+
     for k in sorted(with_c or {r["k"] for r in rows}):  # the scrape rows' K has no (c)
         c, d = by.get((k, "c-xl2tpd-kernel"), {}), by.get((k, "d-pipexctl"), {})
         cs, ds = c.get("all_up_seconds"), d.get("all_offloaded_seconds")
         lat = d.get("channel_latency_ms") or {}
-        out.append(f"| {k} | {f'{cs:.1f}' if cs else c.get('error', 'not all up')} "
-                   f"| {f'{ds:.1f}' if ds else d.get('error', 'not all up')} "
+        mem, cpu = (d.get("serve_memory") or {}).get("rss_mib"), (d.get("cpu_seconds") or {}).get("serve")
+        out.append(f"| {k} | {up(c, cs, k)} | {up(d, ds, k)} "
                    f"| {f'{ds / cs:.2f}' if cs and ds else '-'} "
-                   f"| {lat.get('p50', 0):.0f} / {lat.get('p99', 0):.0f} / {lat.get('max', 0):.0f} ({lat.get('n', 0)}) |")
+                   f"| {lat.get('p50', 0):.0f} / {lat.get('p99', 0):.0f} / {lat.get('max', 0):.0f} ({lat.get('n', 0)}) "
+                   f"| {mem if mem is not None else '-'}, {cpu if cpu is not None else '-'} |")
     scraped = [r for r in rows if r.get("case") == "s-pipexctl-scraped"]
     if scraped:
         out += ["", "A scrape loop during the storm: (s) is (d) with a client fetching /metrics back to back; "

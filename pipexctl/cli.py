@@ -766,10 +766,11 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
     Example:
       pipexctl serve --log /var/log/xl2tpd.log --control /var/run/xl2tpd/l2tp-control
     """
-    from .offload import journal, sdnotify
+    from .offload import journal, malloc, sdnotify
     from .offload.datapath import KernelDataPath
     from .offload.server import OffloadServer
 
+    malloc.limit_arenas()  # before any thread: a request thread each, arenas kept after they end
     if journal.under_journald():
         # records with fields (TUNNEL_ID, CALL_ID, PEER): `journalctl -u pipexctl TUNNEL_ID=17`
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,

@@ -30,7 +30,7 @@ LAYERS = [
                          "pipexctl.offload.exits", "pipexctl.offload.report", "pipexctl.offload.paths",
                          "pipexctl.offload.endings")),
     ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.protocol", "pipexctl.offload.links",
-                    "pipexctl.offload.sdnotify", "pipexctl.offload.journal",
+                    "pipexctl.offload.sdnotify", "pipexctl.offload.journal", "pipexctl.offload.malloc",
                     "pipexctl.offload.metrics",
                     "pipexctl.offload.client", "pipexctl.offload.setupcheck",
                     "pipexctl.cli", "pipexctl.__main__")),

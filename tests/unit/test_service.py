@@ -427,3 +427,22 @@ def test_an_unknown_failpoint_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPEXCTL_FAILPOINT", "state-saved,session-created@2.5")
     s = OffloadServer(str(tmp_path / "s.sock"), Discovery([], proc=False, kernel=False), NullBackend(), NullDataPath())
     assert s.service.failpoints == {"state-saved": None, "session-created": 2.5}
+
+
+def test_the_timing_splits_the_build_into_this_threads_cpu_and_its_waits(svc, monkeypatch):
+    """The serve log's "kernel X, of it on CPU Y": a build that waits (here
+    for a kernel step that sleeps) shows its wait outside its CPU time."""
+    import time
+
+    slow = svc.backend.session_create
+
+    def sleepy(spec):
+        time.sleep(0.2)
+        return slow(spec)
+
+    monkeypatch.setattr(svc.backend, "session_create", sleepy)
+    timing: dict = {}
+    ch, _ = svc.offload(call(1), 4242, timing=timing)
+    ch.close()
+    assert timing["build"] >= 0.2
+    assert 0 <= timing["build_cpu"] < timing["build"] - 0.15, timing

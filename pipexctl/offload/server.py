@@ -492,10 +492,12 @@ class OffloadServer:
         svc.failpoint("channel-sent")
         svc.offloaded(time.monotonic() - t0, moved=move)
         log.info("call %d (tunnel %d) of pppd %d %s in %.0f ms (ms: discovery %.0f, of it the call's line %.0f, "
-                 "lock %.0f, kernel %.0f, of it on CPU %.0f, state file %.0f, hand-off %.0f)", call.call_id,
-                 call.tunnel_id, pid, "moved from its pty into the kernel" if move else "offloaded",
+                 "lock %.0f, kernel %.0f, of it on a CPU %.0f and waiting for one %.0f, state file %.0f, "
+                 "hand-off %.0f)", call.call_id, call.tunnel_id, pid,
+                 "moved from its pty into the kernel" if move else "offloaded",
                  (time.monotonic() - t0) * 1000, (t1 - t0) * 1000, found.get("line", 0) * 1000,
-                 *(timing.get(k, 0) * 1000 for k in ("lock", "build", "build_cpu", "state", "hand_off")),
+                 *(timing.get(k, 0) * 1000 for k in ("lock", "build", "build_cpu", "build_runnable", "state",
+                                                     "hand_off")),
                  extra={"journal": {"TUNNEL_ID": call.tunnel_id, "CALL_ID": call.call_id, "PEER": call.peer,
                                     "PPPD_PID": pid, "EVENT": "moved" if move else "offloaded"}})
         if pty is None:

@@ -89,6 +89,19 @@ def reason_label(e: Exception) -> str:
     return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(n))
 
 
+def _sched() -> tuple[float, float]:
+    """Seconds this thread has run on a CPU and waited, runnable, for one
+    (its schedstat); without schedstat, its CPU time and 0."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            on_cpu, runnable = f.read().split()[:2]
+        if int(on_cpu):
+            return int(on_cpu) / 1e9, int(runnable) / 1e9
+    except (OSError, ValueError):
+        pass
+    return time.thread_time(), 0.0
+
+
 class Records(Indexed[int, SessionRecord]):
     """A tunnel's offloaded sessions by call id; every change marks the
     tunnel for the state file's next encoding (its table, once in one)."""
@@ -307,14 +320,14 @@ class OffloadService(Endings):
         other call's offload behind this pppd's scheduling): if it raises,
         the call is ended the way any offloaded call ends, and a tunnel made
         for it alone goes with it.  ``timing`` (if given) gets the seconds
-        spent waiting for the lock, building (and of it on this thread's
-        CPU), writing the state file and handing off.  The caller closes the returned channel once pppd holds
+        spent waiting for the lock, building (and of it on a CPU, and
+        waiting for one), writing the state file and handing off.  The caller closes the returned channel once pppd holds
         its copy."""
         t = time.monotonic()
         tsock, dup_failed = -1, None
         try:
             with self.lock:
-                t_locked, cpu_locked = time.monotonic(), time.thread_time()
+                t_locked, sched_locked = time.monotonic(), _sched()
                 ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid, moved, unit)
                 if hand_off is not None and ts.sock is not None:
                     # our own copy: the tunnel may be dropped (and its socket
@@ -326,7 +339,7 @@ class OffloadService(Endings):
         except BaseException:
             self.write_saved()  # what the rollback recorded, written after the lock
             raise
-        t_built, cpu_built = time.monotonic(), time.thread_time()
+        t_built, sched_built = time.monotonic(), _sched()
         try:
             if dup_failed is not None:
                 raise dup_failed
@@ -353,10 +366,11 @@ class OffloadService(Endings):
             if tsock >= 0:
                 os.close(tsock)
         if timing is not None:
-            # build_cpu: this thread's own CPU time in the build (the rest of
-            # the build, it waited: for the kernel, or for the interpreter)
-            timing.update(lock=t_locked - t, build=t_built - t_locked, build_cpu=cpu_built - cpu_locked,
-                          state=t_saved - t_built, hand_off=time.monotonic() - t_saved)
+            # of the build: this thread on a CPU, and runnable but waiting for
+            # one (the rest it slept: for the interpreter's lock or in the kernel)
+            timing.update(lock=t_locked - t, build=t_built - t_locked, build_cpu=sched_built[0] - sched_locked[0],
+                          build_runnable=sched_built[1] - sched_locked[1], state=t_saved - t_built,
+                          hand_off=time.monotonic() - t_saved)
         return ch, meta
 
     def _build(self, call: CallInfo, pppd_pid: Optional[int], pty: Optional[str], xl2tpd_pid: Optional[int],

@@ -430,8 +430,8 @@ def test_an_unknown_failpoint_is_refused_by_name(tmp_path, monkeypatch):
 
 
 def test_the_timing_splits_the_build_into_this_threads_cpu_and_its_waits(svc, monkeypatch):
-    """The serve log's "kernel X, of it on CPU Y": a build that waits (here
-    for a kernel step that sleeps) shows its wait outside its CPU time."""
+    """The serve log's "kernel X, of it on a CPU Y and waiting for one Z": a
+    build that sleeps (here in a kernel step) shows it outside both."""
     import time
 
     slow = svc.backend.session_create
@@ -446,3 +446,4 @@ def test_the_timing_splits_the_build_into_this_threads_cpu_and_its_waits(svc, mo
     ch.close()
     assert timing["build"] >= 0.2
     assert 0 <= timing["build_cpu"] < timing["build"] - 0.15, timing
+    assert 0 <= timing["build_runnable"] < timing["build"] - 0.15, timing  # asleep, not waiting for a CPU

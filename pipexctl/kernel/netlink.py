@@ -225,6 +225,8 @@ def _framed(code: int, value: bytes) -> bytes:
 
 _A = {name: _packer(code, kind) for code, name, kind in l2tpmsg.nla_map}  # attribute name -> its packer
 HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr (cmd, version, reserved)
+_KINDS = {name: (code, kind) for code, name, kind in l2tpmsg.nla_map}  # attribute name -> (its code, its kind)
+
 
 def _run(*names: str) -> Callable[..., bytes]:
     """Scalar attributes always sent together (a request's ids), packed with
@@ -246,7 +248,6 @@ def _run(*names: str) -> Callable[..., bytes]:
     raise ValueError(f"no run of {len(heads)} attributes is sent")
 
 
-_KINDS = {name: (code, kind) for code, name, kind in l2tpmsg.nla_map}
 _TUNNEL_SESSION = _run("L2TP_ATTR_CONN_ID", "L2TP_ATTR_SESSION_ID")
 _SESSION_CREATE = _run("L2TP_ATTR_CONN_ID", "L2TP_ATTR_SESSION_ID", "L2TP_ATTR_PEER_SESSION_ID", "L2TP_ATTR_PW_TYPE")
 CTRL_ATTR_FAMILY_NAME = 2  # linux/genetlink.h

@@ -321,8 +321,8 @@ class OffloadService(Endings):
         the call is ended the way any offloaded call ends, and a tunnel made
         for it alone goes with it.  ``timing`` (if given) gets the seconds
         spent waiting for the lock, building (and of it on a CPU, and
-        waiting for one), writing the state file and handing off.  The caller closes the returned channel once pppd holds
-        its copy."""
+        waiting for one), writing the state file and handing off.  The
+        caller closes the returned channel once pppd holds its copy."""
         t = time.monotonic()
         tsock, dup_failed = -1, None
         try:

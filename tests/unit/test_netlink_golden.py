@@ -251,3 +251,12 @@ def test_session_counters_carry_exactly_stats_fields_in_order():
     from pipexctl.model import SessionCounters, Stats
 
     assert SessionCounters._fields == ("tunnel_id", "session_id", *Stats.model_fields)
+
+
+def test_a_run_of_ids_packs_as_its_attributes_one_by_one():
+    names = ("L2TP_ATTR_CONN_ID", "L2TP_ATTR_SESSION_ID", "L2TP_ATTR_PEER_SESSION_ID", "L2TP_ATTR_PW_TYPE")
+    run = nl._run(*names)
+    for values in ((1, 1, 0, 7), (0xFFFFFFFF, 65535, 0xFFFFFFFF, 0xFFFF), (9, 2**31, 17, 0)):
+        assert run(*values) == b"".join(nl._A[n](v) for n, v in zip(names, values))
+    with pytest.raises(ValueError):
+        nl._run("L2TP_ATTR_CONN_ID")  # no request sends a run of one

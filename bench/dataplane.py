@@ -39,17 +39,12 @@ from pipexctl.testing.lab import (  # noqa: E402,E501
     plugin_options,
     wait_ppp,
 )
+from pipexctl.testing.probe import cpu_jiffies  # noqa: E402
 
 
 def sh(*c: str) -> str:
     r = subprocess.run(list(c), capture_output=True, text=True)
     return (r.stdout + r.stderr).strip()
-
-
-def guest_busy() -> int:
-    """Busy jiffies of the whole guest (all CPUs): /proc/stat minus idle and iowait."""
-    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    return sum(f) - f[3] - f[4]
 
 
 def ping_latency(ns: str, addr: str) -> dict:
@@ -140,9 +135,9 @@ def run_case(case: str, runs: int, seconds: int, cycles: int = 6) -> dict:
         variant = base_case(case) != case
         with iperf_server(lab.lns.ns, addr):  # one server for the case's runs
             c0 = cpu(lab.serves)
-            g0, t0 = guest_busy(), time.monotonic()
+            g0, t0 = cpu_jiffies()[0], time.monotonic()
             fwd = [mbit() for _ in range(runs)]
-            busy = (guest_busy() - g0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)  # CPUs busy
+            busy = (cpu_jiffies()[0] - g0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)  # CPUs busy
             rev = [mbit(reverse=True) for _ in range(runs)]
             fwd4 = [] if variant else [mbit(streams=4) for _ in range(runs)]
         if variant:

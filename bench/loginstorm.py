@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipexctl import netns  # noqa: E402
 from pipexctl.testing.lab import Lab, kernel_objects, plugin_options  # noqa: E402
-from pipexctl.testing.probe import ppp_inet_links  # noqa: E402
+from pipexctl.testing.probe import cpu_jiffies, ppp_inet_links, process_jiffies  # noqa: E402
 
 
 def pppol2tp_sessions(ns: str) -> int:
@@ -50,23 +50,6 @@ def pppol2tp_sessions(ns: str) -> int:
 
 METRICS_PORT = 9479
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` and the children it
-    waited for have used, 0.0 if it is gone."""
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(x) for x in f[11:15]) / TICK  # utime, stime, cutime, cstime: fields 14-17 of stat(5)
-
-
-def machine_cpu() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole guest since boot (/proc/stat's cpu line)."""
-    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = v[3] + v[4]  # idle, iowait
-    return (sum(v[:8]) - idle) / TICK, sum(v[:8]) / TICK
 
 
 def serve_memory(pid: int) -> dict:
@@ -126,7 +109,7 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
             threading.Thread(target=scrape_loop, args=(lab.lns.ns, stop, scrapes), daemon=True).start()
             time.sleep(1)  # the loop running before the first dial
         serve_pid = lab.serves[-1].pid if offload else None  # `ip netns exec` execs the daemon: its pid
-        cpu0, machine0 = (proc_cpu(serve_pid) if serve_pid else 0.0), machine_cpu()
+        cpu0, machine0 = (process_jiffies(serve_pid, children=True) if serve_pid else 0), cpu_jiffies()
         t0 = time.monotonic()
         for lac in lab.lacs:
             lab.control(lac, "c lns")
@@ -145,14 +128,15 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
                 break
             time.sleep(0.1)
         stop.set()
-        machine1 = machine_cpu()
+        machine1 = cpu_jiffies()
         out = {"k": k, "dial_seconds": round(dialled, 2), "all_up_seconds": up,
                "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns),
                # from the first dial to the end of the round: what the daemon took of the guest's CPU
-               "cpu_seconds": {"machine_busy": round(machine1[0] - machine0[0], 1),
-                               "machine_all": round(machine1[1] - machine0[1], 1)}}
+               "cpu_seconds": {"machine_busy": round((machine1[0] - machine0[0]) / TICK, 1),
+                               "machine_all": round((machine1[1] - machine0[1]) / TICK, 1)}}
         if serve_pid:
-            out["cpu_seconds"]["serve"] = round(proc_cpu(serve_pid) - cpu0, 1)
+            # the daemon and the children it waited for
+            out["cpu_seconds"]["serve"] = round((process_jiffies(serve_pid, children=True) - cpu0) / TICK, 1)
             out["serve_memory"] = {**serve_memory(serve_pid), "rss_mib_every_10s": rss_seen}
         if offload:
             st = lab.serve_status(lab.lns)

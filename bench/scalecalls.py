@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loginstorm import pppol2tp_sessions  # noqa: E402
 
 from pipexctl.testing.lab import Lab, fd_kinds, kernel_objects, plugin_options, xl2tpd_pid  # noqa: E402
-from pipexctl.testing.probe import ppp_peer_addrs  # noqa: E402
+from pipexctl.testing.probe import cpu_jiffies, ppp_peer_addrs, process_jiffies  # noqa: E402
 
 METRICS_PORT = 9479
 
@@ -76,25 +76,12 @@ def guest_cpu(pids: list[int], seconds: float = 10.0) -> dict:
     """The guest's CPU over ``seconds`` (/proc/stat), and the share of it
     that ``pids`` took: the LAC xl2tpd the lab runs beside the LNS share its
     vCPUs, which no real LNS does."""
-    def busy_total() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v) - v[3] - v[4], sum(v)  # all but idle and iowait
-
     def ticks() -> int:
-        tot = 0
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    rest = f.read().rsplit(")", 1)[1].split()
-                tot += int(rest[11]) + int(rest[12])
-            except OSError:
-                pass
-        return tot
+        return sum(process_jiffies(pid) for pid in pids)
 
-    b0, t0, p0 = *busy_total(), ticks()
+    b0, t0, p0 = *cpu_jiffies(), ticks()
     time.sleep(seconds)
-    b1, t1, p1 = *busy_total(), ticks()
+    b1, t1, p1 = *cpu_jiffies(), ticks()
     return {"seconds": seconds, "busy_pct": round(100 * (b1 - b0) / max(1, t1 - t0), 1),
             "of_it_these_pct": round(100 * (p1 - p0) / max(1, t1 - t0), 1), "processes": len(pids)}
 

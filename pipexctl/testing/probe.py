@@ -21,6 +21,26 @@ class ProbeError(RuntimeError):
     pass
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """The whole machine's CPU time since boot, all CPUs, in clock ticks:
+    (busy, all), from /proc/stat's first line (busy: all but idle and
+    iowait; guest time is inside user time, so not counted again)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]  # user .. steal
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def process_jiffies(pid: int, children: bool = False) -> int:
+    """Clock ticks of CPU process ``pid`` has used, user and system (with
+    ``children``: also the children it waited for); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()  # from field 3 of stat(5) on
+    except OSError:
+        return 0
+    return sum(int(x) for x in rest[11:15 if children else 13])  # utime, stime (, cutime, cstime)
+
+
 def ip_json(ns: str | None, *args: str, tries: int = 20) -> list[Any]:
     """``ip [-n ns] -j ARGS`` as parsed JSON; a dump the kernel marked
     interrupted is taken again (up to ``tries`` times)."""

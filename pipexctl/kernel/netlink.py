@@ -223,9 +223,9 @@ def _framed(code: int, value: bytes) -> bytes:
     return NLA_HDR.pack(n, code) + value + b"\0" * (-n & 3)
 
 
-_A = {name: _packer(code, kind) for code, name, kind in l2tpmsg.nla_map}  # attribute name -> its packer
-HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr (cmd, version, reserved)
 _KINDS = {name: (code, kind) for code, name, kind in l2tpmsg.nla_map}  # attribute name -> (its code, its kind)
+_A = {name: _packer(code, kind) for name, (code, kind) in _KINDS.items()}  # attribute name -> its packer
+HEADERS = struct.Struct("=IHHIIBBH")  # struct nlmsghdr, then struct genlmsghdr (cmd, version, reserved)
 
 
 def _run(*names: str) -> Callable[..., bytes]:

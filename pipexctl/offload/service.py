@@ -327,7 +327,8 @@ class OffloadService(Endings):
         tsock, dup_failed = -1, None
         try:
             with self.lock:
-                t_locked, sched_locked = time.monotonic(), _sched()
+                # schedstat is a /proc read (3 syscalls) under the lock: only when asked for
+                t_locked, sched_locked = time.monotonic(), _sched() if timing is not None else (0.0, 0.0)
                 ch, meta, ts, rec, made_tunnel, snap = self._build(call, pppd_pid, pty, xl2tpd_pid, moved, unit)
                 if hand_off is not None and ts.sock is not None:
                     # our own copy: the tunnel may be dropped (and its socket
@@ -339,7 +340,7 @@ class OffloadService(Endings):
         except BaseException:
             self.write_saved()  # what the rollback recorded, written after the lock
             raise
-        t_built, sched_built = time.monotonic(), _sched()
+        t_built, sched_built = time.monotonic(), _sched() if timing is not None else (0.0, 0.0)
         try:
             if dup_failed is not None:
                 raise dup_failed

@@ -4,17 +4,25 @@ of K LAC namespaces (each its own tunnel and address), against one LNS.
 Two rounds per K, in one boot:
 - (c) the LNS's xl2tpd in kernel mode (pppol2tp.so): time until every call
   is up (K PPP links with IPCP done on the LNS);
-- (d) the LNS's xl2tpd in userspace mode with `pipexctl serve` and the
-  plugin: time until every call is up and offloaded (K PPP links, and K
-  PPPoL2TP sessions in /proc/net/pppol2tp), and the request -> channel
-  latency from the daemon's own records.
+- (d) the LNS's xl2tpd in userspace mode with `pipexctl serve` (at the
+  unit's nice value) and the plugin: time until every call is up and
+  offloaded (K PPP links, and K PPPoL2TP sessions in /proc/net/pppol2tp),
+  and the request -> channel latency from the daemon's own records.
 - (s) as (d), with a client scraping the daemon's Prometheus endpoint back
   to back for the whole storm: what a scrape loop costs the offloads
   (both (d) and (s) run with `--metrics`, so the only difference is the
   scraping).
 - (n) as (d), with `pipexctl_move 0`: no plugin timer, so no control link
   per call: what the links cost a storm.
+- (u) as (d), with the daemon at nice 0: (d) runs it at the shipped
+  unit's `Nice=` (systemd/pipexctl.service), as systemd starts it.
 The LACs run xl2tpd's kernel mode in every round, so their cost is the same.
+Every xl2tpd runs with `max retries = 8` (--max-retries) in every round:
+with xl2tpd's default of 5 a starved guest lost calls to timed-out
+tunnels in both modes in most boots, and a round that loses calls gives no
+time to all up.  Each row also records, for every count of calls, when it
+was reached (up_at, offloaded_at), xl2tpd's timed-out tunnels, and the LNS's
+UDP drops, so a round that still loses calls says how long the rest took.
 Each row also has the guest's busy CPU seconds over the round and, in the
 pipexctl rounds, the daemon's own CPU seconds and its resident memory.
 Not a test: it asserts nothing.
@@ -46,6 +54,34 @@ def pppol2tp_sessions(ns: str) -> int:
     with netns.enter(ns):
         text = Path("/proc/thread-self/net/pppol2tp").read_text()
     return sum(1 for line in text.splitlines() if line.lstrip().startswith("SESSION '"))
+
+
+def udp_counters(ns: str) -> dict[str, int]:
+    """The UDP counters of ``ns`` (its /proc/net/snmp; RcvbufErrors: datagrams
+    dropped because a socket's receive queue was full), and the drops of its
+    sockets still open (/proc/net/udp): on unconnected ones (xl2tpd's own) and
+    on connected ones (a tunnel's: xl2tpd's in kernel mode, pipexctl's)."""
+    with netns.enter(ns):
+        snmp = Path("/proc/thread-self/net/snmp").read_text().splitlines()
+        socks = Path("/proc/thread-self/net/udp").read_text().splitlines()[1:]
+    names, values = [ln.split()[1:] for ln in snmp if ln.startswith("Udp:")]
+    out = {n: int(v) for n, v in zip(names, values) if n in ("InDatagrams", "InErrors", "RcvbufErrors")}
+    out["drops_unconnected"] = sum(int(f[-1]) for f in map(str.split, socks) if f[2] == "00000000:0000")
+    out["drops_connected"] = sum(int(f[-1]) for f in map(str.split, socks) if f[2] != "00000000:0000")
+    return out
+
+
+def timeouts(lab: Lab) -> dict[str, int]:
+    """Tunnels each side's xl2tpd closed after its last retransmission."""
+    def count(path: Path) -> int:
+        return path.read_bytes().count(b"Maximum retries exceeded") if path.exists() else 0
+    return {"lns": count(lab.lns.log), "lacs": sum(count(lac.log) for lac in lab.lacs)}
+
+
+def unit_nice() -> int:
+    """The daemon's nice value in the shipped systemd unit (0 if it sets none)."""
+    unit = Path(__file__).resolve().parent.parent / "systemd" / "pipexctl.service"
+    return next((int(ln.split("=", 1)[1]) for ln in unit.read_text().splitlines() if ln.startswith("Nice=")), 0)
 
 
 METRICS_PORT = 9479
@@ -97,8 +133,13 @@ def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
                 time.sleep(0.05)
 
 
-def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "", pppd_extra: str = "") -> dict:
-    lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="")
+def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "", pppd_extra: str = "",
+          max_retries: int = 0, serve_nice: int = 0) -> dict:
+    # xl2tpd's own "max retries" on both ends when asked: a storm that starves the guest's CPU can keep a control
+    # message unacknowledged past the default 5 retransmissions (31 s), in either mode, and the call is then lost
+    retries = f"max retries = {max_retries}\n" if max_retries else ""
+    lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="", lns_global=retries,
+              lac_global=retries, serve_nice=serve_nice)
     stop, scrapes = threading.Event(), [0, 0]
     try:
         lab.setup(k)
@@ -117,20 +158,33 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         up = offloaded = None
         end = t0 + timeout
         rss_seen: list[float] = []  # the daemon's RSS, MiB, every 10 s from the first dial
+        # up_at[i]: seconds from the first dial until i + 1 calls were up (offloaded_at: in the kernel), so a
+        # round that loses calls still says how long the others took
+        up_at: list[float] = []
+        offloaded_at: list[float] = []
         while time.monotonic() < end:
             if serve_pid and len(rss_seen) <= (time.monotonic() - t0) // 10:
                 rss_seen.append(serve_memory(serve_pid)["rss_mib"])
-            if offload and offloaded is None and pppol2tp_sessions(lab.lns.ns) >= k:
-                offloaded = time.monotonic() - t0
-            if up is None and len(ppp_inet_links(lab.lns.ns)) >= k:
-                up = time.monotonic() - t0
+            if offload and offloaded is None:
+                n, now = pppol2tp_sessions(lab.lns.ns), round(time.monotonic() - t0, 2)
+                offloaded_at += [now] * (min(n, k) - len(offloaded_at))
+                if n >= k:
+                    offloaded = time.monotonic() - t0
+            if up is None:
+                n, now = len(ppp_inet_links(lab.lns.ns)), round(time.monotonic() - t0, 2)
+                up_at += [now] * (min(n, k) - len(up_at))
+                if n >= k:
+                    up = time.monotonic() - t0
             if up is not None and (offloaded is not None or not offload):
                 break
             time.sleep(0.1)
         stop.set()
         machine1 = cpu_jiffies()
-        out = {"k": k, "dial_seconds": round(dialled, 2), "all_up_seconds": up,
+        out = {"k": k, "max_retries": max_retries or None, "serve_nice": serve_nice or None,
+               "dial_seconds": round(dialled, 2), "all_up_seconds": up, "up_at": up_at,
                "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns),
+               # why a round loses calls: xl2tpd's timed-out tunnels, the LNS's dropped datagrams
+               "max_retries_exceeded": timeouts(lab), "lns_udp": udp_counters(lab.lns.ns),
                # from the first dial to the end of the round: what the daemon took of the guest's CPU
                "cpu_seconds": {"machine_busy": round((machine1[0] - machine0[0]) / TICK, 1),
                                "machine_all": round((machine1[1] - machine0[1]) / TICK, 1)}}
@@ -142,6 +196,7 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
             st = lab.serve_status(lab.lns)
             # up and offloaded: the plugin gives pppd its channel before LCP starts
             out["all_offloaded_seconds"] = None if offloaded is None or up is None else max(up, offloaded)
+            out["offloaded_at"] = offloaded_at
             out["channel_latency_ms"] = st.get("channel_latency_ms")
             out["stats"] = st.get("stats")
         if scrape:
@@ -165,16 +220,20 @@ def main() -> int:
     p.add_argument("--k", default="25,100", help="comma-separated numbers of calls dialled at once (at most 153)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--cases", default="c,d", help="comma-separated, in this order: c (kernel mode), d (pipexctl), "
-                   "s (pipexctl under a scrape loop), n (pipexctl, no control links); a case named twice runs twice")
+                   "s (pipexctl under a scrape loop), n (pipexctl, no control links), u (pipexctl, its daemon at nice 0, "
+                   "not the unit's); a case named twice runs twice")
+    p.add_argument("--max-retries", type=int, default=8,
+                   help="xl2tpd's \"max retries\" on the LNS and every LAC, both modes (0: xl2tpd's default, 5)")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
     rows = []
     for k in (int(x) for x in a.k.split(",") if x):
         for n, case in enumerate(a.cases.split(",")):
             r = storm(k, case != "c", a.timeout, scrape=case == "s", tag=f"-{case}{n}",
-                      pppd_extra="pipexctl_move 0\n" if case == "n" else "")
+                      pppd_extra="pipexctl_move 0\n" if case == "n" else "", max_retries=a.max_retries,
+                      serve_nice=0 if case in "cu" else unit_nice())
             r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped",
-                         "n": "n-pipexctl-no-links"}[case]
+                         "n": "n-pipexctl-no-links", "u": "u-pipexctl-nice-0"}[case]
             rows.append(r)
             print(json.dumps(r), flush=True)
     Path(a.out).write_text(json.dumps({"kernel": os.uname().release, "rows": rows}, indent=1))

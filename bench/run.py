@@ -124,7 +124,13 @@ def storm_table(st: dict) -> str:
     def up(r: dict, secs: Optional[float], k: int) -> str:
         if secs:
             return f"{secs:.1f}"
-        return r.get("error") or (f"not all up: {r['links_up']} of {k}" if "links_up" in r else "not all up")
+        if r.get("error"):
+            return r["error"]
+        # a round that lost calls: how long the others took (offloaded_at: pipexctl's, up and in the kernel)
+        at = [max(x) for x in zip(r["up_at"], r["offloaded_at"])] if "offloaded_at" in r else r.get("up_at")
+        if "links_up" not in r:
+            return "not all up"
+        return f"not all up: {r['links_up']} of {k}" + (f", {len(at)} by {at[-1]:.1f}" if at else "")
 
     for k in sorted(with_c or {r["k"] for r in rows}):  # the scrape rows' K has no (c)
         c, d = by.get((k, "c-xl2tpd-kernel"), {}), by.get((k, "d-pipexctl"), {})

@@ -84,6 +84,8 @@ class Lab:
     serves: list[subprocess.Popen[bytes]] = field(default_factory=list)
     sections: int = 1  # [lac] sections per LAC, each its own tunnel: "lns", "lns2", ...
     lns_global: str = ""  # extra [global] lines of the LNS's xl2tpd.conf
+    lac_global: str = ""  # extra [global] lines of every LAC's xl2tpd.conf
+    serve_nice: int = 0  # `pipexctl serve` under nice(1) when not 0 (nice execs: the daemon keeps the pid)
     lns_env: dict[str, str] = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
     # extra arguments of the LNS's xl2tpd: ("-l",) logs through syslog (a syslogd must write its log file)
     lns_args: tuple[str, ...] = ()
@@ -181,7 +183,8 @@ pppoptfile = {self.lns.dir}/options
                                              + "ipcp-accept-local\nipcp-accept-remote\n"
                                              + (extra_pppd if self.lac_extra_pppd is None
                                                 else self.lac_extra_pppd).format(sock=self.serve_socket(lac)))
-            lac.dir.joinpath("xl2tpd.conf").write_text(self._global(lac.local, "", self.lac_kernel_mode, lac.port) + "".join(
+            g = self._global(lac.local, self.lac_global, self.lac_kernel_mode, lac.port)
+            lac.dir.joinpath("xl2tpd.conf").write_text(g + "".join(
                 f"""
 [lac {name}]
 lns = {lac.peer}
@@ -219,7 +222,8 @@ pppoptfile = {lac.dir}/options
         for inst in insts:
             out = open(inst.dir / "serve.log", "ab")
             procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", inst.ns, sys.executable, "-m", "pipexctl", "serve", "-v",
+                ["ip", "netns", "exec", inst.ns, *(("nice", "-n", str(self.serve_nice)) if self.serve_nice else ()),
+                 sys.executable, "-m", "pipexctl", "serve", "-v",
                  "--socket", self.serve_socket(inst), "--log", str(inst.log), "--control", inst.control, *extra],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}))
             out.close()

@@ -209,7 +209,7 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         if offload and os.environ.get("PIPEXCTL_RESULTS") and lab.instances():
             d = Path(os.environ["PIPEXCTL_RESULTS"]) / f"storm-{k}{tag}"
             d.mkdir(exist_ok=True)
-            for name in ("serve.log", "xl2tpd.log"):
+            for name in ("serve.log", "xl2tpd.log", "pppd.log"):  # pppd.log: why a pppd exited
                 if (lab.lns.dir / name).exists():
                     (d / f"lns-{name}").write_bytes((lab.lns.dir / name).read_bytes())
         lab.teardown()
@@ -220,8 +220,8 @@ def main() -> int:
     p.add_argument("--k", default="25,100", help="comma-separated numbers of calls dialled at once (at most 153)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--cases", default="c,d", help="comma-separated, in this order: c (kernel mode), d (pipexctl), "
-                   "s (pipexctl under a scrape loop), n (pipexctl, no control links), u (pipexctl, its daemon at nice 0, "
-                   "not the unit's); a case named twice runs twice")
+                   "s (pipexctl under a scrape loop), n (pipexctl, no control links), u (pipexctl, its daemon at "
+                   "nice 0, not the unit's); a case named twice runs twice")
     p.add_argument("--max-retries", type=int, default=8,
                    help="xl2tpd's \"max retries\" on the LNS and every LAC, both modes (0: xl2tpd's default, 5)")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))

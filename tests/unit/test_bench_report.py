@@ -103,6 +103,15 @@ def test_the_login_storm_rows_compare_time_to_all_offloaded_with_kernel_modes_al
     assert "| 150 | TimeoutError: x | not all up | - | 0 / 0 / 0 (0) |" in md
 
 
+def test_a_storm_round_that_lost_calls_says_how_long_the_others_took():
+    # up_at / offloaded_at: when each count of calls was reached; a call counts once up and offloaded
+    st = {"rows": [{"k": 3, "case": "c-xl2tpd-kernel", "all_up_seconds": None, "links_up": 2, "up_at": [5.0, 9.5]},
+                   {"k": 3, "case": "d-pipexctl", "all_offloaded_seconds": None, "links_up": 2,
+                    "up_at": [4.0, 8.0], "offloaded_at": [4.5, 7.0]}]}
+    md = _run_module().storm_table(st)
+    assert "| 3 | not all up: 2 of 3, 2 by 9.5 | not all up: 2 of 3, 2 by 8.0 | - |" in md
+
+
 def test_the_bookkeeping_rows_show_each_operation_per_n_and_code():
     md = _run_module().bookkeeping_table({"rows": [
         {"layout": "own-tunnel", "n": 10000, "code": "abc1234", "offload_ms": {"p50": 175.9},

@@ -135,8 +135,7 @@ def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
 
 def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "", pppd_extra: str = "",
           max_retries: int = 0, serve_nice: int = 0) -> dict:
-    # xl2tpd's own "max retries" on both ends when asked: a storm that starves the guest's CPU can keep a control
-    # message unacknowledged past the default 5 retransmissions (31 s), in either mode, and the call is then lost
+    # both ends alike, in both modes (the module's docstring says why)
     retries = f"max retries = {max_retries}\n" if max_retries else ""
     lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="", lns_global=retries,
               lac_global=retries, serve_nice=serve_nice)

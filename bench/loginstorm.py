@@ -66,8 +66,9 @@ def udp_counters(ns: str) -> dict[str, int]:
         socks = Path("/proc/thread-self/net/udp").read_text().splitlines()[1:]
     names, values = [ln.split()[1:] for ln in snmp if ln.startswith("Udp:")]
     out = {n: int(v) for n, v in zip(names, values) if n in ("InDatagrams", "InErrors", "RcvbufErrors")}
-    out["drops_unconnected"] = sum(int(f[-1]) for f in map(str.split, socks) if f[2] == "00000000:0000")
-    out["drops_connected"] = sum(int(f[-1]) for f in map(str.split, socks) if f[2] != "00000000:0000")
+    out["drops_unconnected"] = out["drops_connected"] = 0
+    for f in map(str.split, socks):  # rem_address is field 3, drops the last
+        out["drops_unconnected" if f[2] == "00000000:0000" else "drops_connected"] += int(f[-1])
     return out
 
 
@@ -76,6 +77,14 @@ def timeouts(lab: Lab) -> dict[str, int]:
     def count(path: Path) -> int:
         return path.read_bytes().count(b"Maximum retries exceeded") if path.exists() else 0
     return {"lns": count(lab.lns.log), "lacs": sum(count(lac.log) for lac in lab.lacs)}
+
+
+def reached(at: list[float], n: int, k: int, t0: float) -> float | None:
+    """Note in ``at`` the time since ``t0`` for each count up to ``n`` (of
+    ``k``) not noted yet; that time once all ``k`` are there, else None."""
+    now = time.monotonic() - t0
+    at += [round(now, 2)] * (min(n, k) - len(at))
+    return now if n >= k else None
 
 
 def unit_nice() -> int:
@@ -165,15 +174,9 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
             if serve_pid and len(rss_seen) <= (time.monotonic() - t0) // 10:
                 rss_seen.append(serve_memory(serve_pid)["rss_mib"])
             if offload and offloaded is None:
-                n, now = pppol2tp_sessions(lab.lns.ns), round(time.monotonic() - t0, 2)
-                offloaded_at += [now] * (min(n, k) - len(offloaded_at))
-                if n >= k:
-                    offloaded = time.monotonic() - t0
+                offloaded = reached(offloaded_at, pppol2tp_sessions(lab.lns.ns), k, t0)
             if up is None:
-                n, now = len(ppp_inet_links(lab.lns.ns)), round(time.monotonic() - t0, 2)
-                up_at += [now] * (min(n, k) - len(up_at))
-                if n >= k:
-                    up = time.monotonic() - t0
+                up = reached(up_at, len(ppp_inet_links(lab.lns.ns)), k, t0)
             if up is not None and (offloaded is not None or not offload):
                 break
             time.sleep(0.1)
@@ -225,12 +228,12 @@ def main() -> int:
                    help="xl2tpd's \"max retries\" on the LNS and every LAC, both modes (0: xl2tpd's default, 5)")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
-    rows = []
+    rows, nice = [], unit_nice()
     for k in (int(x) for x in a.k.split(",") if x):
         for n, case in enumerate(a.cases.split(",")):
             r = storm(k, case != "c", a.timeout, scrape=case == "s", tag=f"-{case}{n}",
                       pppd_extra="pipexctl_move 0\n" if case == "n" else "", max_retries=a.max_retries,
-                      serve_nice=0 if case in "cu" else unit_nice())
+                      serve_nice=0 if case in "cu" else nice)
             r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped",
                          "n": "n-pipexctl-no-links", "u": "u-pipexctl-nice-0"}[case]
             rows.append(r)

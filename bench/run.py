@@ -126,10 +126,10 @@ def storm_table(st: dict) -> str:
             return f"{secs:.1f}"
         if r.get("error"):
             return r["error"]
-        # a round that lost calls: how long the others took (offloaded_at: pipexctl's, up and in the kernel)
-        at = [max(x) for x in zip(r["up_at"], r["offloaded_at"])] if "offloaded_at" in r else r.get("up_at")
         if "links_up" not in r:
             return "not all up"
+        # a round that lost calls: how long the others took (offloaded_at: pipexctl's, up and in the kernel)
+        at = [max(x) for x in zip(r["up_at"], r["offloaded_at"])] if "offloaded_at" in r else r.get("up_at")
         return f"not all up: {r['links_up']} of {k}" + (f", {len(at)} by {at[-1]:.1f}" if at else "")
 
     for k in sorted(with_c or {r["k"] for r in rows}):  # the scrape rows' K has no (c)

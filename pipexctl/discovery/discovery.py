@@ -460,6 +460,12 @@ class Discovery:
                        for peer, ptid, cid in ls.lns_calls)
         return (call.tunnel_id, call.peer_tunnel_id) in ls.tunnels
 
+    def tunnel_listed(self, instance: str, tunnel_id: int, peer_tunnel_id: Optional[int]) -> Optional[bool]:
+        """Whether xl2tpd's control pipe's last answer listed this tunnel
+        (both ids); None when ``instance`` has no answer."""
+        ls = self.listed.get(instance)
+        return None if ls is None else (tunnel_id, peer_tunnel_id) in ls.tunnels
+
     def barrier(self, instance: str) -> Literal["passed", "wait", "absent", "none"]:
         """Whether every line ``instance``'s xl2tpd wrote before its control
         pipe's last answer has been read (barrier.py): ``none`` when no
@@ -575,9 +581,14 @@ class Discovery:
             # an instance that was not the pipe's when the question went out: nothing was known then
             then_tids, then_cids = known.get(ins.name, (frozenset(), frozenset())) if known is not None \
                 else (None, None)
-            live_tids = {t.tunnel_id for t in av.tunnels}
-            for gone in [t for t in ins.tunnels if t not in live_tids and (then_tids is None or t in then_tids)]:
-                ev += self.tracker.tunnel_down(ins, gone, "not reported by xl2tpd (control pipe)")
+            live = {(t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels}
+            live_tids = {tid for tid, _ in live}
+            # by pair: xl2tpd may have given a gone tunnel's id to a new one (or to a twin)
+            for gone in [t for tid in ins.tunnels if then_tids is None or tid in then_tids
+                         for t in (ins.tunnels[tid], *ins.twins.get(tid, ()))
+                         if tid not in live_tids or t.peer_tunnel_id not in (None, *(p for i, p in live if i == tid))]:
+                ev += self.tracker.tunnel_down(ins, gone.tunnel_id, "not reported by xl2tpd (control pipe)",
+                                               gone.peer, gone.peer_tunnel_id)
             by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
             self.listed[ins.name] = Listed(
                 asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
@@ -589,8 +600,9 @@ class Discovery:
                     tid = by_peer_tid.get(st.peer_tunnel_id)
                     if tid is None:
                         continue
-                    if tid not in ins.tunnels:
-                        if then_tids is not None and tid in then_tids:
+                    if tid not in ins.tunnels or not any(
+                            x.peer_tunnel_id == st.peer_tunnel_id for x in (ins.tunnels[tid], *ins.twins.get(tid, ()))):
+                        if tid not in ins.tunnels and then_tids is not None and tid in then_tids:
                             continue  # ended while the question was out
                         t = TunnelInfo(instance=ins.name, role="lns", section=section, peer=st.peer,
                                        peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,

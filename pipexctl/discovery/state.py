@@ -276,6 +276,31 @@ class Instance:
         self.foreign_pids: set[int] = set()
         self.last_lac_call: Optional[int] = None
         self.status_tunnel: Optional[int] = None
+        # A second live tunnel given the id of one already here, to another
+        # peer: xl2tpd draws its tunnel ids at random and does not check them
+        # against its live tunnels.  Kept apart, so that neither one's calls
+        # get the other's peer ids, and one's end does not end the other's calls.
+        self.twins: dict[int, list[TunnelInfo]] = {}
+
+    def tunnel_to(self, tid: int, peer: Optional[str]) -> Optional[TunnelInfo]:
+        """Tunnel ``tid``; among twins, the one to ``peer`` (none if none is)."""
+        t = self.tunnels.get(tid)
+        if t is None or peer is None or tid not in self.twins or t.peer in (None, peer):
+            return t
+        return next((w for w in self.twins[tid] if w.peer == peer), None)
+
+
+def _names(t: TunnelInfo, peer: Optional[str], peer_tunnel_id: Optional[int]) -> bool:
+    """Whether a report of ``t``'s id, naming ``peer`` and ``peer_tunnel_id``
+    (either may be unknown), can be of ``t``: no known field tells them apart."""
+    return all(x is None or y is None or x == y for x, y in ((t.peer, peer), (t.peer_tunnel_id, peer_tunnel_id)))
+
+
+def _in_tunnel(c: CallInfo, t: TunnelInfo) -> bool:
+    """Whether call ``c`` (of ``t``'s id) is ``t``'s, when ``t`` has a twin."""
+    if c.peer_tunnel_id is not None and t.peer_tunnel_id is not None:
+        return c.peer_tunnel_id == t.peer_tunnel_id
+    return c.peer == t.peer
 
 
 class Tracker:
@@ -302,7 +327,8 @@ class Tracker:
 
     # ---- snapshot
     def tunnels(self) -> list[TunnelInfo]:
-        return [t for i in self.instances.values() for t in i.tunnels.values()]
+        return [t for i in self.instances.values()
+                for t in (*i.tunnels.values(), *(w for ws in i.twins.values() for w in ws))]
 
     def calls(self) -> list[CallInfo]:
         return [c for i in self.instances.values() for c in i.calls.values()]
@@ -322,6 +348,16 @@ class Tracker:
 
     def tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
         have = ins.tunnels.get(t.tunnel_id)
+        if have is not None and not _names(have, t.peer, t.peer_tunnel_id):
+            have = next((w for w in ins.twins.get(t.tunnel_id, []) if _names(w, t.peer, t.peer_tunnel_id)), None)
+            if have is None:
+                ins.twins.setdefault(t.tunnel_id, []).append(t)
+                first = ins.tunnels[t.tunnel_id]
+                self.notes.append(
+                    f"{ins.name}: xl2tpd gave tunnel id {t.tunnel_id} to a second live tunnel (to {t.peer}, "
+                    f"peer tunnel {t.peer_tunnel_id}; the first is to {first.peer}, peer tunnel "
+                    f"{first.peer_tunnel_id}): the kernel holds one tunnel per id, so only one can be offloaded")
+                return self._ev(lambda: TunnelUp(tunnel=t.copy()))
         if have is not None:
             for f in ("section", "peer_tunnel_id", "peer_port", "role"):
                 if getattr(have, f) in (None, "unknown") and getattr(t, f) not in (None, "unknown"):
@@ -333,15 +369,39 @@ class Tracker:
         ins.tunnels[t.tunnel_id] = t
         return self._ev(lambda: TunnelUp(tunnel=t.copy()))
 
-    def tunnel_down(self, ins: Instance, tid: int, reason: str) -> list[Event]:
-        t = ins.tunnels.pop(tid, None)
-        if t is None:
-            return []
+    def tunnel_down(self, ins: Instance, tid: int, reason: str, peer: Optional[str] = None,
+                    peer_tunnel_id: Optional[int] = None) -> list[Event]:
+        """Tunnel ``tid`` ended; with twins, the one ``peer`` and
+        ``peer_tunnel_id`` name (a report that names neither ends none)."""
+        twins = ins.twins.get(tid)
+        t = ins.tunnels.get(tid)
+        if twins and t is not None:
+            if peer is None and peer_tunnel_id is None:
+                self.notes.append(f"{ins.name}: tunnel {tid} ended ({reason}), but two live tunnels have that id "
+                                  f"and the report does not say which: both kept until xl2tpd says more")
+                return []
+            t = t if _names(t, peer, peer_tunnel_id) else next(
+                (w for w in twins if _names(w, peer, peer_tunnel_id)), None)
+            if t is None:
+                return []
+            if t is ins.tunnels[tid]:
+                ins.tunnels[tid] = twins.pop(0)  # the twin left is the id's tunnel now
+            else:
+                twins.remove(t)
+            if not twins:
+                del ins.twins[tid]
+            gone = [c.call_id for c in ins.calls.values() if c.tunnel_id == tid and _in_tunnel(c, t)]
+        else:
+            t = ins.tunnels.pop(tid, None)
+            if t is None:
+                return []
+            gone = [c.call_id for c in ins.calls.values() if c.tunnel_id == tid]
         ev: list[Event] = []
-        for cid in [c.call_id for c in ins.calls.values() if c.tunnel_id == tid]:
+        for cid in gone:
             ev += self.call_down(ins, cid, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
         ev += self._ev(lambda: TunnelDown(tunnel=t, reason=reason))
-        ins.calling = [e for e in ins.calling if e[1] != tid]  # its calls will never be established
+        if tid not in ins.tunnels:
+            ins.calling = [e for e in ins.calling if e[1] != tid]  # its calls will never be established
         return ev
 
     def call_down(self, ins: Instance, cid: int, reason: str) -> list[Event]:
@@ -354,6 +414,7 @@ class Tracker:
 
     def all_down(self, ins: Instance, reason: str) -> list[Event]:
         ins.calling, ins.serial_anchor = [], None  # a new xl2tpd numbers its calls afresh
+        ins.twins = {}
         ev: list[Event] = []
         for tid in list(ins.tunnels):
             ev += self.tunnel_down(ins, tid, reason)
@@ -407,7 +468,8 @@ class Tracker:
         return pick[1]
 
     def _tunnel_for_call(self, ins: Instance, peer: str) -> Optional[int]:
-        cands = [t.tunnel_id for t in ins.tunnels.values() if t.peer == peer]
+        cands = [t.tunnel_id for t in ins.tunnels.values() if t.peer == peer] + \
+            [w.tunnel_id for ws in ins.twins.values() for w in ws if w.peer == peer]
         return cands[0] if len(cands) == 1 else None
 
     # ---- log records
@@ -502,7 +564,7 @@ class Tracker:
             argv = None
         if tid is None:
             tid = self._tunnel_for_call(ins, rec.peer)
-        t = ins.tunnels.get(tid) if tid is not None else None
+        t = ins.tunnel_to(tid, rec.peer) if tid is not None else None
         old = ins.calls.get(rec.call_id)
         ev = []
         # xl2tpd's control pipe may list a call before its line is read:
@@ -521,7 +583,7 @@ class Tracker:
         elif old is not None and tid is None and old.tunnel_id is not None:
             # the line names only the address (several tunnels to it): the control pipe placed the call
             tid = old.tunnel_id
-            t = ins.tunnels.get(tid)
+            t = ins.tunnel_to(tid, rec.peer)
         c = CallInfo(
             instance=instance, role=role if t is None else t.role, section=t.section if t else None,
             peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
@@ -576,8 +638,10 @@ class Tracker:
         if tid is None and rec.peer_tunnel_id is not None:
             m = [t.tunnel_id for t in ins.tunnels.values()
                  if t.peer_tunnel_id == rec.peer_tunnel_id and t.peer == rec.peer]
+            m += [w.tunnel_id for ws in ins.twins.values() for w in ws
+                  if w.peer_tunnel_id == rec.peer_tunnel_id and w.peer == rec.peer]
             tid = m[0] if len(m) == 1 else None
-        return self.tunnel_down(ins, tid, rec.reason) if tid is not None else []
+        return self.tunnel_down(ins, tid, rec.reason, rec.peer, rec.peer_tunnel_id) if tid is not None else []
 
     def _on_max_retries(self, ins: Instance, instance: str, rec: lp.MaxRetries, source: str) -> list[Event]:
         return self.tunnel_down(ins, rec.tunnel_id, "maximum retries exceeded")

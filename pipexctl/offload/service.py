@@ -388,16 +388,25 @@ class OffloadService(Endings):
             if ts is not None and (ts.peer_tunnel_id, ts.peer, ts.peer_port) != (call.peer_tunnel_id, call.peer,
                                                                               ids.peer_port):
                 # xl2tpd picked the id of a tunnel whose end discovery has not
-                # reported yet (its ids are random): that tunnel is gone when
-                # xl2tpd's control pipe lists the new one, or when its pppds
-                # are; otherwise the log's claim is the doubtful part
-                listed = self.watch.discovery.listed_by_control(call, float("-inf"))
+                # reported yet, or of a live one (its ids are random and not
+                # checked).  The old one is replaced only when its pppds are
+                # gone, or when xl2tpd's control pipe lists the new call and
+                # no longer the old tunnel; otherwise this call is refused now
+                # (the kernel holds one tunnel per id); pppd goes on on its pty unless
+                # its plugin requires the offload.
+                discovery = self.watch.discovery
                 alive = [r.pppd_pid for r in ts.records.values() if self.exits.alive(r.pppd_pid)]
-                if alive and listed is not True:
+                if alive and discovery.listed_by_control(call, float("-inf")) is not True:
                     raise errors.ConflictError(
                         f"tunnel {call.tunnel_id} is offloaded to {ts.peer}:{ts.peer_port} (peer tunnel "
                         f"{ts.peer_tunnel_id}) and its pppd(s) {', '.join(map(str, alive))} run; the call names "
                         f"{call.peer} (peer tunnel {call.peer_tunnel_id}): not replaced")
+                if alive and discovery.tunnel_listed(call.instance, ids.tunnel_id, ts.peer_tunnel_id) is not False:
+                    raise errors.ConflictError(
+                        f"xl2tpd gave tunnel id {call.tunnel_id} to a second live tunnel (to {call.peer}, peer "
+                        f"tunnel {call.peer_tunnel_id}) while the offloaded one to {ts.peer}:{ts.peer_port} (peer "
+                        f"tunnel {ts.peer_tunnel_id}, pppd(s) {', '.join(map(str, alive))}) lives: the kernel holds "
+                        f"one tunnel per id, so this call is not offloaded")
                 self.drop_tunnel(key, f"its id {call.tunnel_id} now names a new tunnel to {call.peer}", sync=False)
                 ts = None
             made_tunnel = ts is None

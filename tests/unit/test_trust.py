@@ -617,6 +617,69 @@ def test_a_tunnel_id_of_a_live_offloaded_tunnel_is_not_taken_on_the_logs_word(sv
         p.wait()
 
 
+def test_a_second_live_tunnel_given_an_offloaded_tunnels_id_is_refused_at_once(svc):
+    """xl2tpd lists both tunnels of id 100 and the new one's call: the new
+    call is refused at once (the kernel holds one tunnel per id), and the
+    offloaded tunnel, whose pppd runs, is not touched."""
+    from pipexctl.discovery.discovery import Listed
+
+    p = child()
+    try:
+        offload(svc, call(1, p.pid))
+        svc.watch.discovery.listed["xl2tpd"] = Listed(time.monotonic(), frozenset({(100, 200), (100, 300)}),
+                                              frozenset({("192.0.2.7", 300, 5)}))
+        with pytest.raises(errors.ConflictError, match="second live tunnel.*one tunnel per id"):
+            svc.offload(call(5, 4343).copy(peer_tunnel_id=300), 4343)
+        assert svc.tunnels[("xl2tpd", 100)].peer_tunnel_id == 200 and list(svc.tunnels[("xl2tpd", 100)].records) == [1]
+    finally:
+        p.kill()
+        p.wait()
+
+
+class TwinControl:
+    """A control pipe that lists the given (our tunnel id, peer's, peer, call ids) tunnels."""
+
+    pipe = "stub-control"
+
+    def __init__(self, tunnels):
+        self.tunnels = tunnels
+
+    def available(self):
+        from pipexctl.discovery import control
+
+        return control.Available(lns=["default"], tunnels=[
+            control.AvailableTunnel(ptid, tid, len(cids)) for tid, ptid, _, cids in self.tunnels])
+
+    def status_lns(self, name):
+        from pipexctl.discovery import control
+
+        return [control.StatusTunnel(ptid, peer, 1701, {c: control.StatusCall(c) for c in cids})
+                for _, ptid, peer, cids in self.tunnels]
+
+
+def test_the_control_pipe_ends_one_of_two_tunnels_with_one_id_by_its_peer_tunnel_id(tmp_path):
+    """Two live tunnels of id 53805 (xl2tpd does not check its random ids):
+    an answer that lists both ends neither; one that lists only the second
+    ends the first and its call, and the second keeps its call."""
+    from .test_state import TWINS
+
+    log = tmp_path / "syslog"
+    log.write_text("\n".join(TWINS) + "\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.poll(reconcile=False)
+    old, new = (53805, 4761, "10.99.1.2", [23002]), (53805, 36725, "10.99.58.2", [34008])
+    d.sources[0].control = TwinControl([old, new])
+    ev = d.apply_control(d.fetch_control())
+    assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
+    assert d.listed_by_control(d.tracker.instances[str(log)].calls[34008], float("-inf")) is True
+    d.sources[0].control = TwinControl([new])
+    ev = d.apply_control(d.fetch_control())
+    assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
+        ("CallDown", "10.99.1.2"), ("TunnelDown", "10.99.1.2")], ev
+    assert [(c.call_id, c.peer_tunnel_id) for c in d.tracker.calls()] == [(34008, 36725)]
+    d.close()
+
+
 def test_a_call_the_control_pipe_listed_before_its_line_is_completed_not_ended(watched):
     """In a burst the control pipe can list a call before its log line is
     read: that line completes the call; it is no "call id reused" end."""

@@ -23,6 +23,8 @@ tunnels in both modes in most boots, and a round that loses calls gives no
 time to all up.  Each row also records, for every count of calls, when it
 was reached (up_at, offloaded_at), xl2tpd's timed-out tunnels, and the LNS's
 UDP drops, so a round that still loses calls says how long the rest took.
+--rmem-default raises the receive buffer of sockets that do not size
+their own, as docs/operations.md advises for xl2tpd's, in every round.
 Each row also has the guest's busy CPU seconds over the round and, in the
 pipexctl rounds, the daemon's own CPU seconds and its resident memory.
 Not a test: it asserts nothing.
@@ -226,14 +228,24 @@ def main() -> int:
                    "nice 0, not the unit's); a case named twice runs twice")
     p.add_argument("--max-retries", type=int, default=8,
                    help="xl2tpd's \"max retries\" on the LNS and every LAC, both modes (0: xl2tpd's default, 5)")
+    p.add_argument("--rmem-default", type=int, default=0,
+                   help="net.core.rmem_default for the run, bytes (0: the kernel's): the receive buffer of every "
+                        "socket that does not size its own, xl2tpd's among them (docs/operations.md)")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
+    if a.rmem_default:
+        # a global sysctl, read by every namespace's new sockets (the guest's, so not put back)
+        for name in ("rmem_max", "rmem_default"):
+            f = Path(f"/proc/sys/net/core/{name}")
+            if name == "rmem_default" or int(f.read_text()) < a.rmem_default:
+                f.write_text(str(a.rmem_default))
     rows, nice = [], unit_nice()
     for k in (int(x) for x in a.k.split(",") if x):
         for n, case in enumerate(a.cases.split(",")):
             r = storm(k, case != "c", a.timeout, scrape=case == "s", tag=f"-{case}{n}",
                       pppd_extra="pipexctl_move 0\n" if case == "n" else "", max_retries=a.max_retries,
                       serve_nice=0 if case in "cu" else nice)
+            r["rmem_default"] = int(Path("/proc/sys/net/core/rmem_default").read_text())
             r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped",
                          "n": "n-pipexctl-no-links", "u": "u-pipexctl-nice-0"}[case]
             rows.append(r)

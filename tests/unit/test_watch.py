@@ -204,3 +204,43 @@ def test_the_daemon_saves_at_stop_and_resumes_at_start(tmp_path, caplog):
     assert model(w2.discovery) == model(whole) != known
     whole.close()
     w2.discovery.close()
+
+
+class CostlyScans:
+    """A discovery whose full poll (its /proc and kernel scans) costs 0.1 s
+    of CPU: counts them."""
+
+    proc = False
+
+    def __init__(self):
+        self.full, self.warnings, self.poll_seconds = 0, [], {}
+
+    def poll(self, reconcile=False, scanned=None, scanned_at=None):
+        if reconcile:
+            self.full += 1
+            end = time.thread_time() + 0.1
+            while time.thread_time() < end:
+                pass
+        return []
+
+    def lines_read(self):
+        return 0
+
+
+def test_full_polls_take_at_most_a_tenth_of_a_cpu():
+    """Asked to reconcile every 0.01 s, a watcher whose full polls cost 0.1 s
+    of CPU each runs the next no sooner than 1 s later: in 1.5 s, two at
+    most (without the rule, one per round: about ten)."""
+    d = CostlyScans()
+    w = CallWatch(d, log_interval=0.02, reconcile_interval=0.01)
+    stop, reload = FdEvent(), FdEvent()
+    t = threading.Thread(target=w.run, args=(stop, reload), daemon=True,
+                         kwargs={"handle": lambda ev: None, "reloaded": lambda ev: None, "tick": lambda: None,
+                                 "busy": lambda: True})
+    t.start()
+    time.sleep(1.5)
+    stop.set()
+    t.join(5)
+    assert not t.is_alive()
+    assert 1 <= d.full <= 2, d.full
+    assert w.scan_cpu >= 0.1

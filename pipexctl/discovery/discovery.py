@@ -589,7 +589,21 @@ class Discovery:
                          if tid not in live_tids or t.peer_tunnel_id not in (None, *(p for i, p in live if i == tid))]:
                 ev += self.tracker.tunnel_down(ins, gone.tunnel_id, "not reported by xl2tpd (control pipe)",
                                                gone.peer, gone.peer_tunnel_id)
-            by_peer_tid = {t.peer_tunnel_id: t.tunnel_id for t in av.tunnels}
+            # status-lns names a tunnel by the peer's id and address, `available`
+            # by both ids: two peers may pick one id (16 random bits each; at
+            # 100 tunnels, about one storm in 14), and then the model's tunnel to
+            # that address says which of ours it is, or nothing is placed
+            ours: dict[int, list[int]] = {}
+            for a in av.tunnels:
+                ours.setdefault(a.peer_tunnel_id, []).append(a.tunnel_id)
+
+            def our_tid(st: StatusTunnel) -> Optional[int]:
+                tids = ours.get(st.peer_tunnel_id, [])
+                if len(tids) > 1:
+                    tids = [x.tunnel_id for x in self.tracker.tunnels_of(ins) if x.tunnel_id in tids
+                            and x.peer == st.peer and x.peer_tunnel_id == st.peer_tunnel_id]
+                return tids[0] if len(tids) == 1 else None
+
             self.listed[ins.name] = Listed(
                 asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
                 frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values() for st in tunnels
@@ -597,7 +611,8 @@ class Discovery:
             lns_calls: set[int] = set()
             for section, tunnels in status.items():
                 for st in tunnels:
-                    tid = by_peer_tid.get(st.peer_tunnel_id)
+                    lns_calls.update(st.calls)  # listed, whether or not its tunnel can be placed
+                    tid = our_tid(st)
                     if tid is None:
                         continue
                     if tid not in ins.tunnels or not any(
@@ -609,7 +624,6 @@ class Discovery:
                                        sources=["control"])
                         ev += self.tracker.tunnel_up(ins, t)
                     for cid in st.calls:
-                        lns_calls.add(cid)
                         c = ins.calls.get(cid)
                         if c is None:
                             if then_cids is not None and cid in then_cids:

@@ -327,8 +327,12 @@ class Tracker:
 
     # ---- snapshot
     def tunnels(self) -> list[TunnelInfo]:
-        return [t for i in self.instances.values()
-                for t in (*i.tunnels.values(), *(w for ws in i.twins.values() for w in ws))]
+        return [t for i in self.instances.values() for t in self.tunnels_of(i)]
+
+    @staticmethod
+    def tunnels_of(ins: Instance) -> list[TunnelInfo]:
+        """``ins``'s tunnels, twins included."""
+        return [*ins.tunnels.values(), *(w for ws in ins.twins.values() for w in ws)]
 
     def calls(self) -> list[CallInfo]:
         return [c for i in self.instances.values() for c in i.calls.values()]

@@ -680,6 +680,41 @@ def test_the_control_pipe_ends_one_of_two_tunnels_with_one_id_by_its_peer_tunnel
     d.close()
 
 
+SAME_PEER_ID = [  # boot 4 of the 2026-12-05 login storm: two LACs picked the peer tunnel id 13379
+    "xl2tpd[9]: Connection established to 10.99.68.2, 1701.  Local: 50060, Remote: 13379 (ref=0/0).  "
+    "LNS session is 'default'",
+    "xl2tpd[9]: Connection established to 10.99.74.2, 1701.  Local: 34342, Remote: 13379 (ref=0/0).  "
+    "LNS session is 'default'",
+    "xl2tpd[9]: Call established with 10.99.68.2, PID: 10793, Local: 7001, Remote: 11, Serial: 1",
+    "xl2tpd[9]: Call established with 10.99.74.2, PID: 10831, Local: 32075, Remote: 11835, Serial: 1",
+]
+
+
+@pytest.mark.parametrize("lines_first", [True, False])
+def test_two_peers_with_one_peer_tunnel_id_keep_their_own_tunnels(tmp_path, lines_first):
+    """The control pipe's status-lns names a tunnel by the peer's id and
+    address only: when two peers picked one id, the model's tunnel to each
+    address says which of ours it is; before the log's lines say it, the
+    answer places neither (and ends none of their calls)."""
+    log = tmp_path / "syslog"
+    log.write_text("\n".join(SAME_PEER_ID[:2] if lines_first else []) + "\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.poll(reconcile=False)
+    d.sources[0].control = TwinControl([(50060, 13379, "10.99.68.2", [7001]), (34342, 13379, "10.99.74.2", [32075])])
+    ev = d.apply_control(d.fetch_control())
+    assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
+    with log.open("a") as f:
+        f.write("\n".join(SAME_PEER_ID[2:] if lines_first else SAME_PEER_ID) + "\n")
+    d.poll(reconcile=False)
+    d.apply_control(d.fetch_control())
+    ins = d.tracker.instances[str(log)]
+    assert not ins.twins and not [n for n in d.warnings if "second live tunnel" in n], d.warnings
+    assert sorted((c.call_id, c.peer, c.tunnel_id) for c in d.tracker.calls()) == [
+        (7001, "10.99.68.2", 50060), (32075, "10.99.74.2", 34342)]
+    assert all(d.listed_by_control(c, float("-inf")) for c in d.tracker.calls())
+    d.close()
+
+
 def test_a_call_the_control_pipe_listed_before_its_line_is_completed_not_ended(watched):
     """In a burst the control pipe can list a call before its log line is
     read: that line completes the call; it is no "call id reused" end."""

@@ -210,7 +210,7 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         return {"k": k, "error": f"{type(e).__name__}: {e}"[:2000]}
     finally:
         stop.set()
-        if offload and os.environ.get("PIPEXCTL_RESULTS") and lab.instances():
+        if os.environ.get("PIPEXCTL_RESULTS") and lab.instances():  # both modes: xl2tpd's own losses
             d = Path(os.environ["PIPEXCTL_RESULTS"]) / f"storm-{k}{tag}"
             d.mkdir(exist_ok=True)
             for name in ("serve.log", "xl2tpd.log", "pppd.log"):  # pppd.log: why a pppd exited

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -79,6 +80,18 @@ def timeouts(lab: Lab) -> dict[str, int]:
     def count(path: Path) -> int:
         return path.read_bytes().count(b"Maximum retries exceeded") if path.exists() else 0
     return {"lns": count(lab.lns.log), "lacs": sum(count(lac.log) for lac in lab.lacs)}
+
+
+ESTABLISHED = re.compile(rb"Connection established to [0-9.]+, \d+\.  Local: (\d+),")
+
+
+def clashes(lab: Lab) -> int:
+    """Tunnel ids the LNS's xl2tpd gave to two tunnels in the round (it does
+    not check its random ids, and delivers both tunnels' messages to the
+    newer one: a call is lost in either mode).  A clash during set-up, where
+    the older tunnel is never established, does not show here."""
+    seen = ESTABLISHED.findall(lab.lns.log.read_bytes()) if lab.lns.log.exists() else []
+    return len(seen) - len(set(seen))
 
 
 def reached(at: list[float], n: int, k: int, t0: float) -> float | None:
@@ -188,7 +201,8 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
                "dial_seconds": round(dialled, 2), "all_up_seconds": up, "up_at": up_at,
                "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns),
                # why a round loses calls: xl2tpd's timed-out tunnels, the LNS's dropped datagrams
-               "max_retries_exceeded": timeouts(lab), "lns_udp": udp_counters(lab.lns.ns),
+               "max_retries_exceeded": timeouts(lab), "tunnel_id_clashes": clashes(lab),
+               "lns_udp": udp_counters(lab.lns.ns),
                # from the first dial to the end of the round: what the daemon took of the guest's CPU
                "cpu_seconds": {"machine_busy": round((machine1[0] - machine0[0]) / TICK, 1),
                                "machine_all": round((machine1[1] - machine0[1]) / TICK, 1)}}

@@ -130,7 +130,9 @@ def storm_table(st: dict) -> str:
             return "not all up"
         # a round that lost calls: how long the others took (offloaded_at: pipexctl's, up and in the kernel)
         at = [max(x) for x in zip(r["up_at"], r["offloaded_at"])] if "offloaded_at" in r else r.get("up_at")
-        return f"not all up: {r['links_up']} of {k}" + (f", {len(at)} by {at[-1]:.1f}" if at else "")
+        n = r.get("tunnel_id_clashes")  # xl2tpd's own loss, in either mode (bench/loginstorm.py)
+        return f"not all up: {r['links_up']} of {k}" + (f", {len(at)} by {at[-1]:.1f}" if at else "") + \
+            (f" ({n} tunnel id clash{'es' if n > 1 else ''} in xl2tpd)" if n else "")
 
     for k in sorted(with_c or {r["k"] for r in rows}):  # the scrape rows' K has no (c)
         c, d = by.get((k, "c-xl2tpd-kernel"), {}), by.get((k, "d-pipexctl"), {})

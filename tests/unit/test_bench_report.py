@@ -110,6 +110,8 @@ def test_a_storm_round_that_lost_calls_says_how_long_the_others_took():
                     "up_at": [4.0, 8.0], "offloaded_at": [4.5, 7.0]}]}
     md = _run_module().storm_table(st)
     assert "| 3 | not all up: 2 of 3, 2 by 9.5 | not all up: 2 of 3, 2 by 8.0 | - |" in md
+    st["rows"][1]["tunnel_id_clashes"] = 1
+    assert "not all up: 2 of 3, 2 by 8.0 (1 tunnel id clash in xl2tpd) | - |" in _run_module().storm_table(st)
 
 
 def test_the_bookkeeping_rows_show_each_operation_per_n_and_code():

@@ -101,9 +101,9 @@ class CallWatch:
     IDLE_RECONCILE = 30.0
     # ... and at most this share of a CPU: a full poll that cost c seconds of
     # the watcher's CPU is followed by the next one no sooner than c / share.
-    # In a login storm the /proc scan of every xl2tpd and pppd took 1.5-2.5 s
-    # of a TCG guest's CPU every 5 s, at the unit's Nice=-10, ahead of the
-    # xl2tpd and pppds whose calls wait for it (docs/offload.md)
+    # The daemon runs at the unit's Nice=-10, ahead of the xl2tpd and pppds
+    # whose calls wait for it; a scan grows with their number (in a 153-call
+    # storm on a TCG guest, 0.3-0.4 s of CPU each: docs/offload.md)
     SCAN_SHARE = 0.1
     # the read positions and model are saved at stop and, for a crash, this
     # often while lines come in (its encoding holds the lock: bench/startup.py)

@@ -50,6 +50,7 @@ from pipexctl import netns  # noqa: E402
 from pipexctl.kernel import netlink as nlmod  # noqa: E402
 from pipexctl.kernel.netlink import L2tpNetlink  # noqa: E402
 from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec  # noqa: E402
+from pipexctl.testing.probe import memory_kib  # noqa: E402
 
 NS = "pxbenchcp"
 SPLIT_TUNNEL = 9999  # the L2TPv2 tunnel of the request and dump splits (tunnels() numbers from 1)
@@ -351,9 +352,7 @@ def rss_child(n: int) -> int:
     tracked = sum(len(t.records) for t in svc.tunnels.values())
     assert tracked == n, (tracked, n)
     svc.save()
-    with open("/proc/self/status") as f:
-        rss = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
-    print(json.dumps({"sessions": n, "rss_kib": rss, "tracked": tracked}))
+    print(json.dumps({"sessions": n, "rss_kib": memory_kib()["VmRSS"], "tracked": tracked}))
     disc.close()
     shutil.rmtree(d, ignore_errors=True)
     return 0

@@ -53,6 +53,7 @@ from pipexctl.kernel.backend import NetlinkBackend  # noqa: E402
 from pipexctl.offload.datapath import KernelDataPath  # noqa: E402
 from pipexctl.offload.service import OffloadService  # noqa: E402
 from pipexctl.offload.watch import CallWatch  # noqa: E402
+from pipexctl.testing.probe import memory_kib  # noqa: E402
 
 FD_LIMIT = 65536  # the shipped unit's LimitNOFILE
 
@@ -69,13 +70,9 @@ def pppol2tp_sessions() -> int:
 
 def rss_mib() -> dict[str, float]:
     """The process's resident memory, MiB: all, anonymous, file-backed."""
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "RssAnon", "RssFile"):
-            out[{"VmRSS": "rss_mib", "RssAnon": "anon_mib", "RssFile": "file_mib"}[name]] = \
-                round(int(value.split()[0]) / 1024, 1)
-    return out
+    m = memory_kib()
+    return {key: round(m[name] / 1024, 1) for name, key in
+            (("VmRSS", "rss_mib"), ("RssAnon", "anon_mib"), ("RssFile", "file_mib"))}
 
 
 PREFIX = "Dec  4 06:00:00 lns xl2tpd[100]: "

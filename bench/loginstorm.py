@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipexctl import netns  # noqa: E402
 from pipexctl.testing.lab import Lab, kernel_objects, plugin_options  # noqa: E402
-from pipexctl.testing.probe import cpu_jiffies, ppp_inet_links, process_jiffies  # noqa: E402
+from pipexctl.testing.probe import cpu_jiffies, memory_kib, ppp_inet_links, process_jiffies  # noqa: E402
 
 
 def pppol2tp_sessions(ns: str) -> int:
@@ -117,13 +117,9 @@ def serve_memory(pid: int) -> dict:
     and its resident memory by kind of mapping (smaps): the heap, anonymous
     mappings (other threads' malloc arenas, pymalloc's arenas, stacks) and
     files (the interpreter, libraries, extension modules)."""
-    out: dict = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            out[{"VmRSS": "rss_mib", "VmHWM": "peak_rss_mib"}[name]] = round(int(value.split()[0]) / 1024, 1)
-        elif name == "Threads":
-            out["threads"] = int(value)
+    m = memory_kib(pid)
+    out: dict = {"rss_mib": round(m["VmRSS"] / 1024, 1), "peak_rss_mib": round(m["VmHWM"] / 1024, 1),
+                 "threads": m["Threads"]}
     kinds = {"heap": 0, "anon": 0, "file": 0, "other": 0}
     big_anon = 0  # anonymous mappings of 1 MiB or more resident
     kind = "other"

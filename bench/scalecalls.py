@@ -35,15 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loginstorm import pppol2tp_sessions  # noqa: E402
 
 from pipexctl.testing.lab import Lab, fd_kinds, kernel_objects, plugin_options, xl2tpd_pid  # noqa: E402
-from pipexctl.testing.probe import cpu_jiffies, ppp_peer_addrs, process_jiffies  # noqa: E402
+from pipexctl.testing.probe import cpu_jiffies, memory_kib, ppp_peer_addrs, process_jiffies  # noqa: E402
 
 METRICS_PORT = 9479
 
 
 def proc_facts(pid: int) -> dict:
     fds = [int(f) for f in os.listdir(f"/proc/{pid}/fd")]
-    with open(f"/proc/{pid}/status") as f:
-        rss = next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+    rss = memory_kib(pid)["VmRSS"]
     with open(f"/proc/{pid}/limits") as f:
         lim = next(ln.split()[3:5] for ln in f if ln.startswith("Max open files"))
     return {"fds": len(fds), "highest_fd": max(fds), "rss_kib": rss, "fd_limit_soft_hard": lim,

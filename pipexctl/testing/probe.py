@@ -41,6 +41,14 @@ def process_jiffies(pid: int, children: bool = False) -> int:
     return sum(int(x) for x in rest[11:15 if children else 13])  # utime, stime (, cutime, cstime)
 
 
+def memory_kib(pid: int | str = "self") -> dict[str, int]:
+    """``pid``'s memory figures in /proc/PID/status (VmRSS, VmHWM, RssAnon,
+    RssFile, ...), KiB, and its Threads count."""
+    with open(f"/proc/{pid}/status") as f:
+        return {name: int(value.split()[0]) for name, _, value in (ln.partition(":") for ln in f)
+                if name.startswith(("Vm", "Rss")) or name == "Threads"}
+
+
 def ip_json(ns: str | None, *args: str, tries: int = 20) -> list[Any]:
     """``ip [-n ns] -j ARGS`` as parsed JSON; a dump the kernel marked
     interrupted is taken again (up to ``tries`` times)."""

@@ -52,3 +52,19 @@ def test_ppp_peer_addrs_and_links_read_only_ppp_links_with_ipv4(monkeypatch):
     monkeypatch.setattr(probe, "ip_json", lambda ns, *a: dump)
     assert probe.ppp_peer_addrs("ns") == {"ppp0": "10.99.100.2"}
     assert probe.ppp_inet_links("ns") == ["ppp0"]
+
+
+def test_memory_kib_reads_the_status_figures_of_a_process():
+    import os
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        mine, by_pid = probe.memory_kib(), probe.memory_kib(os.getpid())
+    finally:
+        stop.set()
+        t.join()
+    assert 0 < mine["RssAnon"] < mine["VmRSS"] <= mine["VmHWM"] and mine["Threads"] >= 2
+    assert by_pid["Threads"] == mine["Threads"] and "Name" not in mine

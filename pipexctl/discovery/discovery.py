@@ -581,11 +581,10 @@ class Discovery:
             # an instance that was not the pipe's when the question went out: nothing was known then
             then_tids, then_cids = known.get(ins.name, (frozenset(), frozenset())) if known is not None \
                 else (None, None)
-            live = {(t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels}
+            live = frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels)
             live_tids = {tid for tid, _ in live}
-            # by pair: xl2tpd may have given a gone tunnel's id to a new one (or to a twin)
-            for gone in [t for tid in ins.tunnels if then_tids is None or tid in then_tids
-                         for t in (ins.tunnels[tid], *ins.twins.get(tid, ()))
+            # by pair: xl2tpd may have given a gone tunnel's id to a new one (or to a second live one)
+            for gone in [t for tid in ins.tunnels if then_tids is None or tid in then_tids for t in ins.with_id(tid)
                          if tid not in live_tids or t.peer_tunnel_id not in (None, *(p for i, p in live if i == tid))]:
                 ev += self.tracker.tunnel_down(ins, gone.tunnel_id, "not reported by xl2tpd (control pipe)",
                                                gone.peer, gone.peer_tunnel_id)
@@ -600,12 +599,12 @@ class Discovery:
             def our_tid(st: StatusTunnel) -> Optional[int]:
                 tids = ours.get(st.peer_tunnel_id, [])
                 if len(tids) > 1:
-                    tids = [x.tunnel_id for x in self.tracker.tunnels_of(ins) if x.tunnel_id in tids
+                    tids = [x.tunnel_id for x in ins.all_tunnels() if x.tunnel_id in tids
                             and x.peer == st.peer and x.peer_tunnel_id == st.peer_tunnel_id]
                 return tids[0] if len(tids) == 1 else None
 
             self.listed[ins.name] = Listed(
-                asked, frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels),
+                asked, live,
                 frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values() for st in tunnels
                           for cid in st.calls), time.monotonic())
             lns_calls: set[int] = set()
@@ -615,8 +614,7 @@ class Discovery:
                     tid = our_tid(st)
                     if tid is None:
                         continue
-                    if tid not in ins.tunnels or not any(
-                            x.peer_tunnel_id == st.peer_tunnel_id for x in (ins.tunnels[tid], *ins.twins.get(tid, ()))):
+                    if not any(x.peer_tunnel_id == st.peer_tunnel_id for x in ins.with_id(tid)):
                         if tid not in ins.tunnels and then_tids is not None and tid in then_tids:
                             continue  # ended while the question was out
                         t = TunnelInfo(instance=ins.name, role="lns", section=section, peer=st.peer,

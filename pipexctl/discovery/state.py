@@ -276,18 +276,27 @@ class Instance:
         self.foreign_pids: set[int] = set()
         self.last_lac_call: Optional[int] = None
         self.status_tunnel: Optional[int] = None
-        # A second live tunnel given the id of one already here, to another
-        # peer: xl2tpd draws its tunnel ids at random and does not check them
-        # against its live tunnels.  Kept apart, so that neither one's calls
-        # get the other's peer ids, and one's end does not end the other's calls.
-        self.twins: dict[int, list[TunnelInfo]] = {}
+        # Later live tunnels given the id of one in `tunnels`, to another peer:
+        # xl2tpd draws its tunnel ids at random and does not check them against
+        # its live tunnels.  Kept apart, so that neither one's calls get the
+        # other's peer ids, and one's end does not end the other's calls.
+        # (Not the data path's "twins": tunnels that share a peer's address and port.)
+        self.clashes: dict[int, list[TunnelInfo]] = {}
+
+    def with_id(self, tid: int) -> list[TunnelInfo]:
+        """The live tunnels of id ``tid``: none, one, or more after a clash."""
+        t = self.tunnels.get(tid)
+        return [] if t is None else [t, *self.clashes.get(tid, ())]
+
+    def all_tunnels(self) -> list[TunnelInfo]:
+        return [*self.tunnels.values(), *(w for ws in self.clashes.values() for w in ws)]
 
     def tunnel_to(self, tid: int, peer: Optional[str]) -> Optional[TunnelInfo]:
-        """Tunnel ``tid``; among twins, the one to ``peer`` (none if none is)."""
+        """Tunnel ``tid``; after a clash, the one to ``peer`` (none if none is)."""
         t = self.tunnels.get(tid)
-        if t is None or peer is None or tid not in self.twins or t.peer in (None, peer):
+        if t is None or peer is None or tid not in self.clashes or t.peer in (None, peer):
             return t
-        return next((w for w in self.twins[tid] if w.peer == peer), None)
+        return next((w for w in self.clashes[tid] if w.peer == peer), None)
 
 
 def _names(t: TunnelInfo, peer: Optional[str], peer_tunnel_id: Optional[int]) -> bool:
@@ -327,12 +336,7 @@ class Tracker:
 
     # ---- snapshot
     def tunnels(self) -> list[TunnelInfo]:
-        return [t for i in self.instances.values() for t in self.tunnels_of(i)]
-
-    @staticmethod
-    def tunnels_of(ins: Instance) -> list[TunnelInfo]:
-        """``ins``'s tunnels, twins included."""
-        return [*ins.tunnels.values(), *(w for ws in ins.twins.values() for w in ws)]
+        return [t for i in self.instances.values() for t in i.all_tunnels()]
 
     def calls(self) -> list[CallInfo]:
         return [c for i in self.instances.values() for c in i.calls.values()]
@@ -351,17 +355,15 @@ class Tracker:
         return self._ev(lambda: CallUp(call=c.copy()))
 
     def tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
-        have = ins.tunnels.get(t.tunnel_id)
-        if have is not None and not _names(have, t.peer, t.peer_tunnel_id):
-            have = next((w for w in ins.twins.get(t.tunnel_id, []) if _names(w, t.peer, t.peer_tunnel_id)), None)
-            if have is None:
-                ins.twins.setdefault(t.tunnel_id, []).append(t)
-                first = ins.tunnels[t.tunnel_id]
-                self.notes.append(
-                    f"{ins.name}: xl2tpd gave tunnel id {t.tunnel_id} to a second live tunnel (to {t.peer}, "
-                    f"peer tunnel {t.peer_tunnel_id}; the first is to {first.peer}, peer tunnel "
-                    f"{first.peer_tunnel_id}): the kernel holds one tunnel per id, so only one can be offloaded")
-                return self._ev(lambda: TunnelUp(tunnel=t.copy()))
+        same = ins.with_id(t.tunnel_id)
+        have = next((x for x in same if _names(x, t.peer, t.peer_tunnel_id)), None)
+        if same and have is None:
+            ins.clashes.setdefault(t.tunnel_id, []).append(t)
+            self.notes.append(
+                f"{ins.name}: xl2tpd gave tunnel id {t.tunnel_id} to a second live tunnel (to {t.peer}, "
+                f"peer tunnel {t.peer_tunnel_id}; the first is to {same[0].peer}, peer tunnel "
+                f"{same[0].peer_tunnel_id}): the kernel holds one tunnel per id, so only one can be offloaded")
+            return self._ev(lambda: TunnelUp(tunnel=t.copy()))
         if have is not None:
             for f in ("section", "peer_tunnel_id", "peer_port", "role"):
                 if getattr(have, f) in (None, "unknown") and getattr(t, f) not in (None, "unknown"):
@@ -375,25 +377,23 @@ class Tracker:
 
     def tunnel_down(self, ins: Instance, tid: int, reason: str, peer: Optional[str] = None,
                     peer_tunnel_id: Optional[int] = None) -> list[Event]:
-        """Tunnel ``tid`` ended; with twins, the one ``peer`` and
+        """Tunnel ``tid`` ended; after a clash, the one ``peer`` and
         ``peer_tunnel_id`` name (a report that names neither ends none)."""
-        twins = ins.twins.get(tid)
-        t = ins.tunnels.get(tid)
-        if twins and t is not None:
+        others = ins.clashes.get(tid)
+        if others:
             if peer is None and peer_tunnel_id is None:
                 self.notes.append(f"{ins.name}: tunnel {tid} ended ({reason}), but two live tunnels have that id "
                                   f"and the report does not say which: both kept until xl2tpd says more")
                 return []
-            t = t if _names(t, peer, peer_tunnel_id) else next(
-                (w for w in twins if _names(w, peer, peer_tunnel_id)), None)
+            t = next((x for x in ins.with_id(tid) if _names(x, peer, peer_tunnel_id)), None)
             if t is None:
                 return []
             if t is ins.tunnels[tid]:
-                ins.tunnels[tid] = twins.pop(0)  # the twin left is the id's tunnel now
+                ins.tunnels[tid] = others.pop(0)  # the one left is the id's tunnel now
             else:
-                twins.remove(t)
-            if not twins:
-                del ins.twins[tid]
+                others.remove(t)
+            if not others:
+                del ins.clashes[tid]
             gone = [c.call_id for c in ins.calls.values() if c.tunnel_id == tid and _in_tunnel(c, t)]
         else:
             t = ins.tunnels.pop(tid, None)
@@ -418,7 +418,7 @@ class Tracker:
 
     def all_down(self, ins: Instance, reason: str) -> list[Event]:
         ins.calling, ins.serial_anchor = [], None  # a new xl2tpd numbers its calls afresh
-        ins.twins = {}
+        ins.clashes = {}
         ev: list[Event] = []
         for tid in list(ins.tunnels):
             ev += self.tunnel_down(ins, tid, reason)
@@ -472,8 +472,7 @@ class Tracker:
         return pick[1]
 
     def _tunnel_for_call(self, ins: Instance, peer: str) -> Optional[int]:
-        cands = [t.tunnel_id for t in ins.tunnels.values() if t.peer == peer] + \
-            [w.tunnel_id for ws in ins.twins.values() for w in ws if w.peer == peer]
+        cands = [t.tunnel_id for t in ins.all_tunnels() if t.peer == peer]
         return cands[0] if len(cands) == 1 else None
 
     # ---- log records
@@ -640,10 +639,7 @@ class Tracker:
     def _on_tunnel_closed(self, ins: Instance, instance: str, rec: lp.TunnelClosed, source: str) -> list[Event]:
         tid = rec.tunnel_id
         if tid is None and rec.peer_tunnel_id is not None:
-            m = [t.tunnel_id for t in ins.tunnels.values()
-                 if t.peer_tunnel_id == rec.peer_tunnel_id and t.peer == rec.peer]
-            m += [w.tunnel_id for ws in ins.twins.values() for w in ws
-                  if w.peer_tunnel_id == rec.peer_tunnel_id and w.peer == rec.peer]
+            m = [t.tunnel_id for t in ins.all_tunnels() if t.peer_tunnel_id == rec.peer_tunnel_id and t.peer == rec.peer]
             tid = m[0] if len(m) == 1 else None
         return self.tunnel_down(ins, tid, rec.reason, rec.peer, rec.peer_tunnel_id) if tid is not None else []
 

@@ -427,7 +427,7 @@ class CallWatch:
 
     def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
         ev: list[Event] = []
-        t, cpu = time.monotonic(), time.thread_time()
+        t, cpu0 = time.monotonic(), time.thread_time()
         scanned = None
         if full and self.discovery.proc:
             with self.lock:
@@ -454,14 +454,15 @@ class CallWatch:
             del self.discovery.warnings[:]
             took = time.monotonic() - t
             parts = dict(self.discovery.poll_seconds)  # a request's own poll overwrites them once the lock is free
+        cpu = time.thread_time() - cpu0
         if full:
-            self.scan_cpu = time.thread_time() - cpu
+            self.scan_cpu = cpu
         if took > 1.0:
             # where it went: the /proc scan (no lock), waiting for the lock (a
             # request's discovery), then each part of the poll
             parts = {"scan": t_scanned - t, "lock wait": t_locked - t_scanned, **parts}
             log.info("slow discovery poll: %.0f ms, %.0f ms of CPU (full=%s; ms: %s)", took * 1000,
-                     (time.thread_time() - cpu) * 1000, full, ", ".join(f"{k} {v * 1000:.0f}" for k, v in parts.items()))
+                     cpu * 1000, full, ", ".join(f"{k} {v * 1000:.0f}" for k, v in parts.items()))
         if ev:
             self.active = time.monotonic()
             _survive(lambda: handle(ev))

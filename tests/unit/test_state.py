@@ -107,7 +107,7 @@ def test_a_call_the_control_pipe_placed_keeps_its_tunnel_when_its_line_names_onl
     assert ins.calls[100].ids() == (7, 8, 100, 200, 1702) and ins.calls[100].pppd_pid == 99
 
 
-TWINS = [  # boot 3 of the 2026-12-05 login storm: xl2tpd gave a second live tunnel the id 53805
+CLASH = [  # boot 3 of the 2026-12-05 login storm: xl2tpd gave a second live tunnel the id 53805
     "xl2tpd[9]: Connection established to 10.99.1.2, 1701.  Local: 53805, Remote: 4761 (ref=0/0).  "
     "LNS session is 'default'",
     "xl2tpd[9]: Call established with 10.99.1.2, PID: 9741, Local: 23002, Remote: 1, Serial: 1",
@@ -122,7 +122,7 @@ def test_a_second_live_tunnel_with_one_id_keeps_its_own_peer_ids_and_end():
     the second tunnel's call gets that tunnel's peer ids (not the first's,
     which no control-pipe answer would confirm), and either tunnel's end
     ends only its own calls."""
-    t, ev = events("x", TWINS)
+    t, ev = events("x", CLASH)
     assert [e.event for e in ev] == ["TunnelUp", "CallUp", "TunnelUp", "CallUp"]
     ins = t.instances["x"]
     assert ins.calls[23002].ids()[:2] == (53805, 4761) and ins.calls[34008].ids()[:2] == (53805, 36725)
@@ -137,19 +137,19 @@ def test_a_second_live_tunnel_with_one_id_keeps_its_own_peer_ids_and_end():
                                      "(Goodbye!), Local: 53805, Remote: 4761"]) for e in t.apply("x", r)]
     assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
         ("CallDown", "10.99.1.2"), ("TunnelDown", "10.99.1.2")]
-    assert set(ins.calls) == {34008} and ins.tunnels[53805].peer_tunnel_id == 36725 and not ins.twins
+    assert set(ins.calls) == {34008} and ins.tunnels[53805].peer_tunnel_id == 36725 and not ins.clashes
     ev = [e for r in lp.parse_lines(["xl2tpd[9]: Maximum retries exceeded for tunnel 53805.  Closing."])
           for e in t.apply("x", r)]
     assert [e.event for e in ev] == ["CallDown", "TunnelDown"] and not ins.calls and not ins.tunnels
 
 
 def test_the_second_of_two_live_tunnels_with_one_id_ends_alone():
-    t, _ = events("x", TWINS)
+    t, _ = events("x", CLASH)
     ins = t.instances["x"]
     ev = [e for r in lp.parse_lines(["xl2tpd[9]: control_finish: Connection closed to 10.99.58.2, port 1701 "
                                      "(Goodbye!), Local: 53805, Remote: 36725"]) for e in t.apply("x", r)]
     assert [e.event for e in ev] == ["CallDown", "TunnelDown"] and ev[0].call.call_id == 34008
-    assert set(ins.calls) == {23002} and ins.tunnels[53805].peer == "10.99.1.2" and not ins.twins
+    assert set(ins.calls) == {23002} and ins.tunnels[53805].peer == "10.99.1.2" and not ins.clashes
 
 
 CONCURRENT_LAC = """\

@@ -636,7 +636,7 @@ def test_a_second_live_tunnel_given_an_offloaded_tunnels_id_is_refused_at_once(s
         p.wait()
 
 
-class TwinControl:
+class ListingControl:
     """A control pipe that lists the given (our tunnel id, peer's, peer, call ids) tunnels."""
 
     pipe = "stub-control"
@@ -661,18 +661,18 @@ def test_the_control_pipe_ends_one_of_two_tunnels_with_one_id_by_its_peer_tunnel
     """Two live tunnels of id 53805 (xl2tpd does not check its random ids):
     an answer that lists both ends neither; one that lists only the second
     ends the first and its call, and the second keeps its call."""
-    from .test_state import TWINS
+    from .test_state import CLASH
 
     log = tmp_path / "syslog"
-    log.write_text("\n".join(TWINS) + "\n")
+    log.write_text("\n".join(CLASH) + "\n")
     d = Discovery([str(log)], proc=False, kernel=False)
     d.poll(reconcile=False)
     old, new = (53805, 4761, "10.99.1.2", [23002]), (53805, 36725, "10.99.58.2", [34008])
-    d.sources[0].control = TwinControl([old, new])
+    d.sources[0].control = ListingControl([old, new])
     ev = d.apply_control(d.fetch_control())
     assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
     assert d.listed_by_control(d.tracker.instances[str(log)].calls[34008], float("-inf")) is True
-    d.sources[0].control = TwinControl([new])
+    d.sources[0].control = ListingControl([new])
     ev = d.apply_control(d.fetch_control())
     assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
         ("CallDown", "10.99.1.2"), ("TunnelDown", "10.99.1.2")], ev
@@ -700,7 +700,7 @@ def test_two_peers_with_one_peer_tunnel_id_keep_their_own_tunnels(tmp_path, line
     log.write_text("\n".join(SAME_PEER_ID[:2] if lines_first else []) + "\n")
     d = Discovery([str(log)], proc=False, kernel=False)
     d.poll(reconcile=False)
-    d.sources[0].control = TwinControl([(50060, 13379, "10.99.68.2", [7001]), (34342, 13379, "10.99.74.2", [32075])])
+    d.sources[0].control = ListingControl([(50060, 13379, "10.99.68.2", [7001]), (34342, 13379, "10.99.74.2", [32075])])
     ev = d.apply_control(d.fetch_control())
     assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
     with log.open("a") as f:
@@ -708,7 +708,7 @@ def test_two_peers_with_one_peer_tunnel_id_keep_their_own_tunnels(tmp_path, line
     d.poll(reconcile=False)
     d.apply_control(d.fetch_control())
     ins = d.tracker.instances[str(log)]
-    assert not ins.twins and not [n for n in d.warnings if "second live tunnel" in n], d.warnings
+    assert not ins.clashes and not [n for n in d.warnings if "second live tunnel" in n], d.warnings
     assert sorted((c.call_id, c.peer, c.tunnel_id) for c in d.tracker.calls()) == [
         (7001, "10.99.68.2", 50060), (32075, "10.99.74.2", 34342)]
     assert all(d.listed_by_control(c, float("-inf")) for c in d.tracker.calls())

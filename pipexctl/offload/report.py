@@ -41,6 +41,7 @@ def status(svc: "OffloadService") -> dict[str, Any]:
                         for t in svc.tunnels.values()],
             "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked,
                       "unbarriered_calls": svc.watch.unbarriered,
+                      "control_asked_ahead": svc.watch.asked_ahead,
                       "disputed_calls": svc.watch.discovery.tracker.disputes},
             "datapath": svc.datapath.stats(),
             "reconcile": svc.last_reconcile,

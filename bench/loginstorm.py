@@ -47,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipexctl import netns  # noqa: E402
+from pipexctl.discovery import udpdrops  # noqa: E402
 from pipexctl.testing.lab import Lab, kernel_objects, plugin_options  # noqa: E402
 from pipexctl.testing.probe import cpu_jiffies, memory_kib, ppp_inet_links, process_jiffies  # noqa: E402
 
@@ -60,19 +61,15 @@ def pppol2tp_sessions(ns: str) -> int:
 
 
 def udp_counters(ns: str) -> dict[str, int]:
-    """The UDP counters of ``ns`` (its /proc/net/snmp; RcvbufErrors: datagrams
-    dropped because a socket's receive queue was full), and the drops of its
-    sockets still open (/proc/net/udp): on unconnected ones (xl2tpd's own) and
-    on connected ones (a tunnel's: xl2tpd's in kernel mode, pipexctl's)."""
+    """The UDP counters of ``ns`` (RcvbufErrors: datagrams dropped because a
+    socket's receive queue was full), and the drops of its sockets still
+    open: on unconnected ones (xl2tpd's own) and on connected ones (a
+    tunnel's: xl2tpd's in kernel mode, pipexctl's).  The daemon's own check
+    (pipexctl_xl2tpd_socket_drops) reads the same files."""
     with netns.enter(ns):
-        snmp = Path("/proc/thread-self/net/snmp").read_text().splitlines()
-        socks = Path("/proc/thread-self/net/udp").read_text().splitlines()[1:]
-    names, values = [ln.split()[1:] for ln in snmp if ln.startswith("Udp:")]
-    out = {n: int(v) for n, v in zip(names, values) if n in ("InDatagrams", "InErrors", "RcvbufErrors")}
-    out["drops_unconnected"] = out["drops_connected"] = 0
-    for f in map(str.split, socks):  # rem_address is field 3, drops the last
-        out["drops_unconnected" if f[2] == "00000000:0000" else "drops_connected"] += int(f[-1])
-    return out
+        c = udpdrops.counters("/proc/thread-self/net")
+    return {"InDatagrams": c.in_datagrams, "InErrors": c.in_errors, "RcvbufErrors": c.rcvbuf_errors,
+            "drops_unconnected": c.drops_unconnected, "drops_connected": c.drops_connected}
 
 
 def timeouts(lab: Lab) -> dict[str, int]:

@@ -95,6 +95,9 @@ def families(m: dict[str, Any]) -> Iterator[Metric]:
     yield CounterMetricFamily("pipexctl_relay_errors", "Relay reads or writes that failed", value=dp["errors"])
     yield GaugeMetricFamily("pipexctl_twin_tunnels", "Tunnels steered by nft: a second tunnel from the same peer "
                             "address and port", value=dp["twins"])
+    yield CounterMetricFamily("pipexctl_xl2tpd_socket_drops", "Datagrams the kernel dropped on xl2tpd's UDP socket "
+                              "for a full receive queue, seen since the daemon started (raise "
+                              "net.core.rmem_default)", value=m["xl2tpd_socket_drops"])
     yield CounterMetricFamily("pipexctl_steering_restored", "Times the twins' nft table was written again after "
                               "it vanished (a firewall reload)", value=dp["steering_restored"])
 

@@ -42,6 +42,7 @@ def status(svc: "OffloadService") -> dict[str, Any]:
             "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked,
                       "unbarriered_calls": svc.watch.unbarriered,
                       "control_asked_ahead": svc.watch.asked_ahead,
+                      "xl2tpd_socket_drops": svc.watch.udp_drops.dropped,
                       "disputed_calls": svc.watch.discovery.tracker.disputes},
             "datapath": svc.datapath.stats(),
             "reconcile": svc.last_reconcile,
@@ -93,6 +94,7 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
         "channel_latency_histogram": histogram(svc),
         "kernel_error": error,
         "datapath": svc.datapath.stats(),
+        "xl2tpd_socket_drops": svc.watch.udp_drops.dropped,
     }
 
 

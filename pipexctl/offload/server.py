@@ -104,7 +104,8 @@ class OffloadServer:
         self.socket_path, self.wait = socket_path, wait
         state_path = state_path or os.path.join(os.path.dirname(socket_path) or ".", "state.json")
         self.watch = CallWatch(discovery, log_interval=log_interval, reconcile_interval=reconcile_interval,
-                               checkpoint_path=os.path.join(os.path.dirname(state_path) or ".", "discovery.json"))
+                               checkpoint_path=os.path.join(os.path.dirname(state_path) or ".", "discovery.json"),
+                               xl2tpd_port=xl2tpd_port)
         self.service = OffloadService(
             self.watch, backend, datapath, xl2tpd_port=xl2tpd_port, teardown_on_exit=teardown_on_exit,
             state_path=state_path)

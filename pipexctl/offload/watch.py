@@ -20,7 +20,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import defaults
-from ..discovery import checkpoint, procscan
+from ..discovery import checkpoint, procscan, udpdrops
 from ..discovery.discovery import Discovery
 from ..discovery.state import CallInfo, CallUp, CallUpdated, DataPath, Event, Role
 
@@ -110,7 +110,7 @@ class CallWatch:
     CHECKPOINT_EVERY = 60.0
 
     def __init__(self, discovery: Discovery, *, log_interval: float = 0.2, reconcile_interval: float = defaults.RECONCILE_INTERVAL,
-                 checkpoint_path: Optional[str] = None) -> None:
+                 checkpoint_path: Optional[str] = None, xl2tpd_port: int = defaults.L2TP_PORT) -> None:
         # Logs are cheap to follow; /proc and kernel scans are not (they cost CPU
         # that the data path needs), so they run rarely, and on demand while a
         # pppd waits for its channel.
@@ -136,6 +136,7 @@ class CallWatch:
         self._ahead = threading.Event()
         self._ahead_after = float("-inf")  # the answer wanted was asked after this (monotonic)
         self.asked_ahead = 0  # questions asked ahead of a request (status)
+        self.udp_drops = udpdrops.DropWatch(xl2tpd_port)  # xl2tpd's socket overflowing (a login storm)
         self.scan_cpu = 0.0  # CPU seconds of the last full poll (SCAN_SHARE)
         self.checkpoint_path = checkpoint_path
         self._saved_at = (time.monotonic(), -1)  # when, and after how many lines read
@@ -463,6 +464,7 @@ class CallWatch:
                 if full:
                     last = now
                 self._poll(full, handle)
+                _survive(self._check_drops)
                 if now - self._saved_at[0] >= self.CHECKPOINT_EVERY:
                     self._saved_at = (now, self._saved_at[1])
                     _survive(self.save_checkpoint)
@@ -470,6 +472,11 @@ class CallWatch:
             sel.close()
             self._ahead.set()  # the asker sees `stop`
             asker.join(timeout=5.0)
+
+    def _check_drops(self) -> None:
+        pids = [i.daemon_pid for i in list(self.discovery.tracker.instances.values()) if i.daemon_pid]
+        for w in self.udp_drops.check(pids):
+            log.warning("%s", w)
 
     def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
         ev: list[Event] = []

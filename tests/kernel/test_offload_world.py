@@ -227,3 +227,33 @@ def test_a_daemon_outage_keeps_both_calls_and_queued_control_reaches_xl2tpd_afte
     (addr,) = ppp_peer_addrs(lab.lns.ns).values()
     ok, out = ping(lab.lns.ns, addr, count=10, size=1200)
     assert ok, out
+
+
+@pytest.mark.one_debian("the kernel's UDP counters, read the same way on both kernels")
+def test_a_flood_that_overflows_xl2tpds_socket_is_warned_about_and_the_live_call_stays(make_lab):
+    """xl2tpd does not size its socket's receive buffer; in a login storm the
+    peers' control messages overflow it (docs/operations.md).  Here a hostile
+    peer floods the LNS's port from a port of its own while xl2tpd is
+    stopped for three seconds, so its queue fills: the daemon warns, naming
+    net.core.rmem_default, and counts the drops in its metrics; the
+    offloaded call carries on (its tunnel socket is another one)."""
+    lab = make_lab()
+    l1 = offload_one(lab)
+    xl2tpd = lab.lns.proc.pid
+    flood = ("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+             "for _ in range(3000):\n    s.sendto(b'\\x00\\x02\\x00\\x00\\x00\\x00' + b'x' * 1200, ('10.99.1.1', 1701))\n")
+    os.kill(xl2tpd, 19)  # SIGSTOP
+    try:
+        subprocess.run(["ip", "netns", "exec", l1.ns, "python3", "-c", flood], check=True, timeout=120)
+    finally:
+        time.sleep(3)
+        os.kill(xl2tpd, 18)  # SIGCONT
+    log = lab.lns.dir / "serve.log"
+    wait_until(lambda: re.search(rf"xl2tpd \(pid {xl2tpd}\) lost \d+ datagram\(s\) on its UDP port 1701",
+                                 log.read_text()), "the daemon's warning", timeout=40, detail=lab.tails)
+    (n,) = map(int, re.findall(rf"xl2tpd \(pid {xl2tpd}\) lost (\d+) datagram", log.read_text()))
+    assert n > 100 and "net.core.rmem_default" in log.read_text()
+    assert lab.serve_status(lab.lns)["stats"]["xl2tpd_socket_drops"] == n
+    ok, out = ping(l1.ns, "10.99.100.1")
+    assert ok, out
+    assert len(ip_l2tp(lab.lns.ns, "session")) == 1

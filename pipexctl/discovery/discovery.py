@@ -366,6 +366,8 @@ class Discovery:
         self._control_pid: dict[str, Optional[int]] = {}  # source -> the xl2tpd that has its control pipe open
         # instance -> what its control pipe listed, and the monotonic time the question went out
         self.listed: dict[str, Listed] = {}
+        # per instance: when the last question its control pipe did not answer was asked (monotonic)
+        self.unanswered: dict[str, float] = {}
         self.warnings: list[str] = []
         self.poll_seconds: dict[str, float] = {}  # the last poll's parts, seconds each
         self.tracker.notes = self.warnings  # one list: the tracker's notes are discovery's warnings
@@ -575,6 +577,8 @@ class Discovery:
         for s, asked, av, status, error in answers:
             if error is not None:
                 self.warnings.append(error)
+                name = self._control_instance(s).name
+                self.unanswered[name] = max(asked, self.unanswered.get(name, asked))
                 continue
             assert av is not None  # fetch_control: an answer without an error has its `available`
             ins = self._control_instance(s)
@@ -684,11 +688,13 @@ class Discovery:
             if ins.name != s.name:  # a second xl2tpd of the stream: its name had its pid
                 del self.tracker.instances[ins.name]
                 self.listed.pop(ins.name, None)
+                self.unanswered.pop(ins.name, None)
             return ev
         if ins.daemon_pid is None:
             if ins.name != s.name and not ins.calls and not ins.tunnels:
                 del self.tracker.instances[ins.name]  # a second xl2tpd that logged its exit
                 self.listed.pop(ins.name, None)
+                self.unanswered.pop(ins.name, None)
             return ev  # no process to check against (a log from elsewhere, or not started)
         kids = children.get(ins.daemon_pid, [])
         by_pid = {k.pid: k for k in kids}

@@ -263,6 +263,11 @@ class CallWatch:
                 # request if it was asked after `since`: call_of)
                 self._sleep(max(0.05, min(end - time.monotonic(), 1.0)))
                 continue
+            if (mine is not None and complete and self._listed(mine, since) is None
+                    and self.discovery.unanswered.get(mine.instance, float("-inf")) >= since):
+                # a question asked after `since` (another request's, or ahead)
+                # went unanswered: not a second timeout for this one
+                return self._unchecked(pid, mine)
             if (mine is not None or refuted) and time.monotonic() - asked > 0.5:
                 # the control pipe (status-lns) says which tunnel holds each
                 # call: an LNS log names only the peer's address, ambiguous
@@ -273,12 +278,7 @@ class CallWatch:
                 # the answer also ends a call it does not list in the model: judged here
                 self._refute(refuted, pid, [c for c in before if self._listed(c, since) is False])
                 if mine is not None and complete and failed and self._listed(mine, since) is None:
-                    # xl2tpd did not answer: the log's word, checked against pppd's argv
-                    log.warning("call %d of pppd %d not checked against xl2tpd's control pipe (no answer)",
-                                mine.call_id, pid)
-                    self.unchecked += 1
-                    why = _argv_disagrees(pid, mine)
-                    return (None, why) if why else (mine.copy(), "")
+                    return self._unchecked(pid, mine)
                 continue
             left = end - time.monotonic()
             if left <= 0:
@@ -293,6 +293,13 @@ class CallWatch:
                 kicked = True
                 self.wake.kick()
             self._sleep(min(left, 1.0))
+
+    def _unchecked(self, pid: int, mine: CallInfo) -> tuple[Optional[CallInfo], str]:
+        """xl2tpd did not answer: the log's word, checked against pppd's argv."""
+        log.warning("call %d of pppd %d not checked against xl2tpd's control pipe (no answer)", mine.call_id, pid)
+        self.unchecked += 1
+        why = _argv_disagrees(pid, mine)
+        return (None, why) if why else (mine.copy(), "")
 
     def _look(self, pid: int, proc: Optional[procscan.Proc]) -> None:
         """A request's look at the model: the newest log lines (unless just
@@ -343,7 +350,8 @@ class CallWatch:
             self.lock.acquire()
             self._asking = None
         # failures join discovery.warnings: _poll logs them
-        self._asked = max(self._asked, min((a for _, a, *_ in answers), default=self._asked))
+        self._asked = max(self._asked, min((a for _, a, _, _, e in answers if e is None), default=self._asked))
+
         self._take(self.discovery.apply_control(answers, known), changed=True, answer=True)
         return [e for *_, e in answers if e is not None]
 

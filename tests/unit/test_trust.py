@@ -631,6 +631,43 @@ def test_a_question_out_when_the_line_comes_is_followed_by_one_asked_after_it(wa
         pppd.wait()
 
 
+def test_a_question_out_that_xl2tpd_leaves_unanswered_is_one_timeout_not_two(watched):
+    """A request that waited for a question asked after its pppd's fork
+    (another request's, or one asked ahead) that xl2tpd did not answer
+    takes the log's word then (counted), without a timeout of its own."""
+    import threading
+
+    w, log = watched
+    stub = _with_control(w, StubControl([100], answers=False))
+    real = stub.available
+
+    def slow_available():
+        time.sleep(0.5)  # xl2tpd busy past the timeout
+        return real()
+
+    stub.available = slow_available
+    pppd = _pppd_for()
+    try:
+        time.sleep(0.05)
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 100))
+
+        def other():
+            with w.lock:
+                w._ask_control()
+
+        first = threading.Thread(target=other, daemon=True)
+        first.start()
+        time.sleep(0.1)
+        call, why = w.call_of(pppd.pid, 3.0)
+        first.join(5)
+        assert call is not None and call.call_id == 100, why
+        assert stub.asked == 1 and w.unchecked == 1
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
 def test_a_claim_from_another_xl2tpds_lines_is_passed_over(watched):
     w, log = watched
     pppd = _pppd_for()

@@ -774,16 +774,17 @@ class Discovery:
         return ev
 
     def poll(self, reconcile: bool = True, control: bool = False,
-             scanned: Optional[Scanned] = None, scanned_at: Optional[float] = None) -> list[Event]:
-        """One step of following: new log lines, and optionally /proc + kernel (+ control).
+             scanned: Optional[Scanned] = None, scanned_at: Optional[float] = None, logs: bool = True) -> list[Event]:
+        """One step of following: new log lines (unless ``logs`` is false), and
+        optionally /proc + kernel (+ control).
 
         ``scanned``: a ``procscan.scan()`` result begun at ``scanned_at``
         (monotonic; a caller that serialises access to this object can scan
         /proc outside its lock).
         ``poll_seconds`` gets the time each part took (for a slow poll's log line)."""
         t = time.monotonic()
-        ev = self._read_logs()
-        self.poll_seconds = {"logs": time.monotonic() - t}
+        ev = self._read_logs() if logs else []
+        self.poll_seconds = {"logs": time.monotonic() - t} if logs else {}
         if reconcile:
             parts: list[tuple[str, Callable[[], list[Event]]]] = [
                 ("control", self._reconcile_control)] if control else []

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import defaults
 from ..discovery import checkpoint, procscan, udpdrops
-from ..discovery.discovery import Discovery
+from ..discovery.discovery import Discovery, Scanned
 from ..discovery.state import CallInfo, CallUp, CallUpdated, DataPath, Event, Role
 
 if TYPE_CHECKING:
@@ -105,6 +105,9 @@ class CallWatch:
     # whose calls wait for it; a scan grows with their number (in a 153-call
     # storm on a TCG guest, 0.3-0.4 s of CPU each: docs/offload.md)
     SCAN_SHARE = 0.1
+    # a full poll waits at most this long between its parts for the requests
+    # blocked on the lock (_let_requests_in)
+    LET_IN = 0.1
     # the read positions and model are saved at stop and, for a crash, this
     # often while lines come in (its encoding holds the lock: bench/startup.py)
     CHECKPOINT_EVERY = 60.0
@@ -125,6 +128,8 @@ class CallWatch:
         self.pending: list[Event] = []
         self.wake = FdEvent()  # reload, or a request waiting for its line
         self.waiting = 0  # requests inside call_of (under lock)
+        self.wanting = 0  # requests blocked on the lock at call_of's start
+        self._wanting_lock = threading.Lock()
         self.active = float("-inf")  # monotonic time of the last event or request
         self.unchecked = 0  # calls offloaded on the log's word: the control pipe did not answer
         self.unbarriered = 0  # calls answered from a log that does not carry the daemon's barrier line
@@ -205,7 +210,12 @@ class CallWatch:
         # after the fork lists the call and comes after its line.  In a storm
         # pppd takes seconds to ask, and answers asked meanwhile serve it
         since = now if proc is None else max(min(now, procscan.started(proc)), now - self.ANSWER_AGE)
-        with self.lock:
+        self._wants(1)  # a full poll lets it in between its parts (_let_requests_in)
+        try:
+            self.lock.acquire()
+        finally:
+            self._wants(-1)
+        try:
             self.waiting += 1
             self.active = time.monotonic()
             timing = {} if timing is None else timing
@@ -215,6 +225,12 @@ class CallWatch:
                 self.waiting -= 1
                 if "line" in timing:
                     timing["line"] -= now
+        finally:
+            self.lock.release()
+
+    def _wants(self, n: int) -> None:
+        with self._wanting_lock:
+            self.wanting += n
 
     def _call_of(self, pid: int, proc: Optional[procscan.Proc], since: float, end: float,
                  xl2tpd_pid: Optional[int], timing: dict[str, float]) -> tuple[Optional[CallInfo], str]:
@@ -486,8 +502,29 @@ class CallWatch:
         for w in self.udp_drops.check(pids):
             log.warning("%s", w)
 
-    def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
+    def _poll_part(self, reconcile: bool, scanned: Optional[Scanned] = None,
+                   scanned_at: Optional[float] = None) -> dict[str, float]:
+        """One part of a watcher's poll, under the lock: the new log lines, or
+        the reconcile with /proc (``scanned``) and the kernel.  Returns the
+        time of each of its steps."""
         ev: list[Event] = []
+        try:
+            ev = self.discovery.poll(logs=not reconcile, reconcile=reconcile, scanned=scanned, scanned_at=scanned_at)
+        except OSError as e:  # out of fds (procscan raises rather than call a process gone)
+            log.warning("discovery poll failed: %s", e)
+        except Exception:  # never let the watcher die: log and go on
+            log.exception("discovery poll failed")
+        self._take(ev, changed=reconcile)
+        return dict(self.discovery.poll_seconds)  # a request's own poll overwrites them once the lock is free
+
+    def _let_requests_in(self) -> None:
+        """Between a full poll's parts: requests that want the lock go first
+        (a Lock is not fair: the watcher would take it straight back)."""
+        end = time.monotonic() + self.LET_IN
+        while self.wanting and time.monotonic() < end:
+            time.sleep(0.002)
+
+    def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
         t, cpu0 = time.monotonic(), time.thread_time()
         scanned = None
         if full and self.discovery.proc:
@@ -499,22 +536,23 @@ class CallWatch:
                 log.warning("discovery: cannot scan /proc: %s", e.strerror)
                 full = False
         t_scanned = time.monotonic()
+        # new log lines first; then, once the requests that waited on the lock
+        # meanwhile have had it (their lines are read now), the reconcile
+        # (100-400 ms under the lock in a storm on TCG: docs/offload.md)
         with self.lock:
             t_locked = time.monotonic()
             self._read_at = t_locked
-            try:
-                ev = self.discovery.poll(reconcile=full, scanned=scanned, scanned_at=t)
-            except OSError as e:  # out of fds (procscan raises rather than call a process gone)
-                log.warning("discovery poll failed: %s", e)
-            except Exception:  # never let the watcher die: log and go on
-                log.exception("discovery poll failed")
-            self._take(ev, changed=full)
+            parts = self._poll_part(reconcile=False)
+        if full:
+            self._let_requests_in()
+            with self.lock:
+                parts.update(self._poll_part(reconcile=True, scanned=scanned, scanned_at=t))
+        with self.lock:
             ev, self.pending = self.pending, []
             for w in self.discovery.warnings:
                 log.warning("discovery: %s", w)
             del self.discovery.warnings[:]
             took = time.monotonic() - t
-            parts = dict(self.discovery.poll_seconds)  # a request's own poll overwrites them once the lock is free
         cpu = time.thread_time() - cpu0
         if full:
             self.scan_cpu = cpu

@@ -668,6 +668,46 @@ def test_a_question_out_that_xl2tpd_leaves_unanswered_is_one_timeout_not_two(wat
         pppd.wait()
 
 
+def test_a_request_blocked_on_a_full_poll_goes_in_between_its_log_read_and_its_reconcile(watched):
+    """The watcher's full poll reads the new log lines, then lets the
+    requests that waited on the lock meanwhile in, and only then reconciles
+    (100-400 ms under the lock in a storm): the request gets its call
+    while the reconcile is still to come."""
+    import threading
+
+    w, log = watched
+    d = w.discovery
+    read, reconcile = d._read_logs, d._reconcile_proc
+    marks = {}
+
+    def slow_read():
+        time.sleep(0.3)
+        return read()
+
+    def slow_reconcile(*a, **k):
+        marks["reconcile"] = time.monotonic()
+        time.sleep(1.0)
+        marks["reconciled"] = time.monotonic()
+        return reconcile(*a, **k)
+
+    d._read_logs, d._reconcile_proc = slow_read, slow_reconcile
+    pppd = _pppd_for()
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppd.pid, 100))
+        poll = threading.Thread(target=w._poll, args=(True, lambda ev: None), daemon=True)
+        poll.start()
+        time.sleep(0.1)  # the poll is reading the lines, under the lock
+        call, why = w.call_of(pppd.pid, 5.0)
+        got = time.monotonic()
+        poll.join(5)
+        assert call is not None and call.call_id == 100, why
+        assert got < marks["reconciled"], (got, marks)
+    finally:
+        pppd.kill()
+        pppd.wait()
+
+
 def test_a_claim_from_another_xl2tpds_lines_is_passed_over(watched):
     w, log = watched
     pppd = _pppd_for()

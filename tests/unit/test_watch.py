@@ -213,9 +213,12 @@ class CostlyScans:
     proc = False
 
     def __init__(self):
-        self.full, self.warnings, self.poll_seconds = 0, [], {}
+        import types
 
-    def poll(self, reconcile=False, scanned=None, scanned_at=None):
+        self.full, self.warnings, self.poll_seconds = 0, [], {}
+        self.tracker = types.SimpleNamespace(instances={})
+
+    def poll(self, reconcile=False, scanned=None, scanned_at=None, logs=True):
         if reconcile:
             self.full += 1
             end = time.thread_time() + 0.1

@@ -367,7 +367,6 @@ class CallWatch:
             self._asking = None
         # failures join discovery.warnings: _poll logs them
         self._asked = max(self._asked, min((a for _, a, _, _, e in answers if e is None), default=self._asked))
-
         self._take(self.discovery.apply_control(answers, known), changed=True, answer=True)
         return [e for *_, e in answers if e is not None]
 

@@ -141,6 +141,7 @@ class CallWatch:
         self._ahead = threading.Event()
         self._ahead_after = float("-inf")  # the answer wanted was asked after this (monotonic)
         self.asked_ahead = 0  # questions asked ahead of a request (status)
+        self.questions = 0  # questions asked in all (status)
         self.udp_drops = udpdrops.DropWatch(xl2tpd_port)  # xl2tpd's socket overflowing (a login storm)
         self.scan_cpu = 0.0  # CPU seconds of the last full poll (SCAN_SHARE)
         self.checkpoint_path = checkpoint_path
@@ -358,6 +359,7 @@ class CallWatch:
         answers slowly in a login storm, and requests and the watcher go on
         meanwhile).  Returns the failures (logged by the watcher)."""
         known = self.discovery.control_known()
+        self.questions += 1
         self._asking = time.monotonic()
         self.lock.release()
         try:

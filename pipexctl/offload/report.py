@@ -42,7 +42,6 @@ def status(svc: "OffloadService") -> dict[str, Any]:
             "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked,
                       "unbarriered_calls": svc.watch.unbarriered,
                       "control_questions": svc.watch.questions,
-                      "control_asked_ahead": svc.watch.asked_ahead,
                       "xl2tpd_socket_drops": svc.watch.udp_drops.dropped,
                       "disputed_calls": svc.watch.discovery.tracker.disputes},
             "datapath": svc.datapath.stats(),

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from .. import defaults
 from ..discovery import checkpoint, procscan, udpdrops
 from ..discovery.discovery import Discovery, Scanned
-from ..discovery.state import CallInfo, CallUp, CallUpdated, DataPath, Event, Role
+from ..discovery.state import CallInfo, DataPath, Event, Role
 
 if TYPE_CHECKING:
     from _typeshed import HasFileno
@@ -135,12 +135,6 @@ class CallWatch:
         self.unbarriered = 0  # calls answered from a log that does not carry the daemon's barrier line
         self._paths: Counter[tuple[Role, DataPath]] = Counter()
         self._asking: Optional[float] = None  # when the control question now out was asked
-        self._asked = float("-inf")  # when the last answered question was asked
-        # ask ahead: a new LNS call line names a pppd that will ask for its channel
-        # soon; a question asked now (after its fork) is answered by then
-        self._ahead = threading.Event()
-        self._ahead_after = float("-inf")  # the answer wanted was asked after this (monotonic)
-        self.asked_ahead = 0  # questions asked ahead of a request (status)
         self.questions = 0  # questions asked in all (status)
         self.udp_drops = udpdrops.DropWatch(xl2tpd_port)  # xl2tpd's socket overflowing (a login storm)
         self.scan_cpu = 0.0  # CPU seconds of the last full poll (SCAN_SHARE)
@@ -282,8 +276,8 @@ class CallWatch:
                 continue
             if (mine is not None and complete and self._listed(mine, since) is None
                     and self.discovery.unanswered.get(mine.instance, float("-inf")) >= since):
-                # a question asked after `since` (another request's, or ahead)
-                # went unanswered: not a second timeout for this one
+                # a question asked after `since` (another request's) went
+                # unanswered: not a second timeout for this one
                 return self._unchecked(pid, mine)
             if (mine is not None or refuted) and time.monotonic() - asked > 0.5:
                 # the control pipe (status-lns) says which tunnel holds each
@@ -329,14 +323,10 @@ class CallWatch:
         if proc is not None:
             self._take(self.discovery.observe_process(pid, proc))
 
-    def _take(self, ev: list[Event], changed: bool = False, answer: bool = False) -> None:
+    def _take(self, ev: list[Event], changed: bool = False) -> None:
         """Queue what a read of the model found; wake the waiting requests
-        when it may have changed the model.  The caller holds the lock.
-        ``answer``: the events of a control answer (they never ask ahead)."""
+        when it may have changed the model.  The caller holds the lock."""
         self.pending += ev
-        if not answer and any(self._will_ask(e) for e in ev):
-            self._ahead_after = time.monotonic()
-            self._ahead.set()
         lines = self.discovery.lines_read()
         if ev or changed or lines != self._lines:
             self._lines = lines
@@ -368,40 +358,8 @@ class CallWatch:
             self.lock.acquire()
             self._asking = None
         # failures join discovery.warnings: _poll logs them
-        self._asked = max(self._asked, min((a for _, a, _, _, e in answers if e is None), default=self._asked))
-        self._take(self.discovery.apply_control(answers, known), changed=True, answer=True)
+        self._take(self.discovery.apply_control(answers, known), changed=True)
         return [e for *_, e in answers if e is not None]
-
-    def _will_ask(self, e: Event) -> bool:
-        """Whether ``e`` is an LNS call's line naming the pppd that will ask
-        for its channel, which a control answer asked from now on serves
-        (call_of: an LNS logs the call just after it forks the pppd)."""
-        if not (isinstance(e, CallUp) or isinstance(e, CallUpdated) and "pppd_pid" in e.fields):
-            return False
-        c = e.call
-        return (c.role == "lns" and c.pppd_pid is not None and c.data_path != "kernel"
-                and self.discovery.has_control(c.instance))
-
-    def ask_ahead(self, stop: threading.Event) -> None:
-        """The asker thread: one control question after each batch of new
-        LNS call lines, once any question then out is answered, unless an
-        answer asked after those lines is in already.  In a login storm the
-        pppds ask seconds after their fork, and xl2tpd's answer takes most of
-        a second: asked at the line, it is in by the time the request comes."""
-        while True:
-            self._ahead.wait()
-            if stop.is_set():
-                return
-            self._ahead.clear()
-            with self.lock:
-                while self._asking is not None and not stop.is_set():
-                    self.polled.wait(1.0)
-                if stop.is_set():
-                    return
-                if self._asked >= self._ahead_after:
-                    continue  # a request's question, asked after the lines, served them
-                self.asked_ahead += 1
-                _survive(self._ask_control)
 
     @staticmethod
     def _refute(refuted: dict[tuple[str, Optional[int], int], CallInfo], pid: int, calls: list[CallInfo],
@@ -464,8 +422,6 @@ class CallWatch:
             if src is not None and hasattr(src, "fileno"):
                 sel.register(src, selectors.EVENT_READ, src)
         last = checked = time.monotonic()
-        asker = threading.Thread(target=self.ask_ahead, args=(stop,), name="ask-ahead", daemon=True)
-        asker.start()
         try:
             while not stop.is_set():
                 quick = self.waiting or busy() or time.monotonic() - self.active < self.ACTIVE_FOR
@@ -495,8 +451,6 @@ class CallWatch:
                     _survive(self.save_checkpoint)
         finally:
             sel.close()
-            self._ahead.set()  # the asker sees `stop`
-            asker.join(timeout=5.0)
 
     def _check_drops(self) -> None:
         pids = [i.daemon_pid for i in list(self.discovery.tracker.instances.values()) if i.daemon_pid]

@@ -539,102 +539,10 @@ def test_requests_at_once_share_one_control_question_asked_without_the_lock(watc
             p.wait()
 
 
-def _running(w):
-    import threading
-
-    from pipexctl.offload.watch import FdEvent
-
-    w.log_interval = 0.05
-    stop, reload = FdEvent(), FdEvent()
-    t = threading.Thread(target=w.run, args=(stop, reload), daemon=True,
-                         kwargs={"handle": lambda ev: None, "reloaded": lambda ev: None, "tick": lambda: None})
-    t.start()
-    return stop, t
-
-
-def test_a_new_lns_call_line_asks_the_control_pipe_ahead_of_its_pppds_request(watched):
-    """An LNS logs a call just after it forks the call's pppd, which asks for
-    its channel later (seconds, in a login storm): the watcher asks xl2tpd
-    when it reads the line, and the request finds that answer in, asked after
-    the fork, without a question of its own.  A LAC's line (written before
-    the fork, naming no pppd) asks nothing ahead."""
-    w, log = watched
-    stub = _with_control(w, StubControl([100]))
-    stop, t = _running(w)
-    pppd = _pppd_for()
-    try:
-        time.sleep(0.05)  # over a clock tick: the line is seen to come after the fork
-        with log.open("a") as f:
-            f.write("xl2tpd[147]: Calling on tunnel 5\n"
-                    "xl2tpd[147]: Call established with 10.99.1.9, Local: 300, Remote: 301, Serial: 1 (ref=0/0)\n")
-        time.sleep(0.5)
-        assert stub.asked == 0 and w.asked_ahead == 0
-        with log.open("a") as f:
-            f.write(_call_lines(pppd.pid, 100))
-        end = time.monotonic() + 5
-        while stub.asked == 0 and time.monotonic() < end:
-            time.sleep(0.02)
-        time.sleep(0.1)
-        assert stub.asked == 1 and w.asked_ahead == 1
-        call, why = w.call_of(pppd.pid, 3.0)
-        assert call is not None and call.call_id == 100, why
-        assert stub.asked == 1  # the request asked nothing
-    finally:
-        stop.set()
-        t.join(5)
-        pppd.kill()
-        pppd.wait()
-    assert not t.is_alive()
-
-
-def test_a_question_out_when_the_line_comes_is_followed_by_one_asked_after_it(watched):
-    """A question asked before the call's line (a request's, still out when
-    the line is read) may have been asked before the fork: the watcher asks
-    again once it is answered."""
-    import threading
-
-    w, log = watched
-    stub = _with_control(w, StubControl([100]))
-    real, gate, entered = stub.available, threading.Event(), []
-
-    def held_available():
-        entered.append(time.monotonic())
-        gate.wait(5)
-        return real()
-
-    def request_question():
-        with w.lock:
-            w._ask_control()
-
-    stub.available = held_available
-    first = threading.Thread(target=request_question, daemon=True)  # out while the line comes
-    first.start()
-    time.sleep(0.1)
-    stop, t = _running(w)
-    pppd = _pppd_for()
-    try:
-        with log.open("a") as f:
-            f.write(_call_lines(pppd.pid, 100))
-        time.sleep(0.5)
-        assert len(entered) == 1  # the asker waits for the question out
-        gate.set()
-        end = time.monotonic() + 5
-        while stub.asked < 2 and time.monotonic() < end:
-            time.sleep(0.02)
-        time.sleep(0.3)
-        assert stub.asked == 2 and w.asked_ahead == 1
-    finally:
-        stop.set()
-        t.join(5)
-        first.join(5)
-        pppd.kill()
-        pppd.wait()
-
-
 def test_a_question_out_that_xl2tpd_leaves_unanswered_is_one_timeout_not_two(watched):
     """A request that waited for a question asked after its pppd's fork
-    (another request's, or one asked ahead) that xl2tpd did not answer
-    takes the log's word then (counted), without a timeout of its own."""
+    (another request's) that xl2tpd did not answer takes the log's word
+    then (counted), without a timeout of its own."""
     import threading
 
     w, log = watched

@@ -679,6 +679,12 @@ class Discovery:
                 ins.calls.forget_named(started)
         return ev
 
+    def _drop_instance(self, name: str) -> None:
+        """Forget a second xl2tpd of a stream: its calls' model and what its pipe answered."""
+        del self.tracker.instances[name]
+        self.listed.pop(name, None)
+        self.unanswered.pop(name, None)
+
     def _reconcile_instance(self, s: Source, ins: Instance, alive: set[int],
                             children: dict[int, list[procscan.Proc]], started: float) -> list[Event]:
         ev: list[Event] = []
@@ -686,15 +692,11 @@ class Discovery:
             ev += self.tracker.all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
             ins.daemon_pid = None
             if ins.name != s.name:  # a second xl2tpd of the stream: its name had its pid
-                del self.tracker.instances[ins.name]
-                self.listed.pop(ins.name, None)
-                self.unanswered.pop(ins.name, None)
+                self._drop_instance(ins.name)
             return ev
         if ins.daemon_pid is None:
             if ins.name != s.name and not ins.calls and not ins.tunnels:
-                del self.tracker.instances[ins.name]  # a second xl2tpd that logged its exit
-                self.listed.pop(ins.name, None)
-                self.unanswered.pop(ins.name, None)
+                self._drop_instance(ins.name)  # a second xl2tpd that logged its exit
             return ev  # no process to check against (a log from elsewhere, or not started)
         kids = children.get(ins.daemon_pid, [])
         by_pid = {k.pid: k for k in kids}

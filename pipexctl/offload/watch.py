@@ -479,6 +479,15 @@ class CallWatch:
         while self.wanting and time.monotonic() < end:
             time.sleep(0.002)
 
+    def _collect(self) -> list[Event]:
+        """Under the lock, at a poll's end: the events left for the handler
+        (a request's own poll may have added some); discovery's warnings logged."""
+        ev, self.pending = self.pending, []
+        for w in self.discovery.warnings:
+            log.warning("discovery: %s", w)
+        del self.discovery.warnings[:]
+        return ev
+
     def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
         t, cpu0 = time.monotonic(), time.thread_time()
         scanned = None
@@ -498,16 +507,14 @@ class CallWatch:
             t_locked = time.monotonic()
             self._read_at = t_locked
             parts = self._poll_part(reconcile=False)
+            if not full:
+                ev = self._collect()
         if full:
             self._let_requests_in()
             with self.lock:
                 parts.update(self._poll_part(reconcile=True, scanned=scanned, scanned_at=t))
-        with self.lock:
-            ev, self.pending = self.pending, []
-            for w in self.discovery.warnings:
-                log.warning("discovery: %s", w)
-            del self.discovery.warnings[:]
-            took = time.monotonic() - t
+                ev = self._collect()
+        took = time.monotonic() - t
         cpu = time.thread_time() - cpu0
         if full:
             self.scan_cpu = cpu

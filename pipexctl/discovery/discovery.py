@@ -643,16 +643,16 @@ class Discovery:
                     ev += self.tracker.call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
         return ev
 
-    def fds_wanted(self) -> Callable[[procscan.Proc], bool]:
-        """Which pppds' fds a /proc scan must read (``procscan.scan``): the
-        children of the xl2tpd instances followed here (every xl2tpd's while
-        none is known yet), but not a pppd whose call the kernel dump
-        places already (what its fds say is not used then).  With many
-        calls offloaded, that is most of a full scan's reads."""
+    def scan_wanted(self) -> dict[str, Any]:
+        """What a /proc scan must read (``procscan.scan``'s arguments): the
+        children of the xl2tpd instances followed here (every xl2tpd's
+        while none is known yet), and their fds but for a pppd whose call
+        the kernel dump places already (what its fds say is not used then).
+        With many calls offloaded, those fds are most of a full scan's reads."""
         parents = {i.daemon_pid for s in self.sources for i in self._instances_of(s) if i.daemon_pid is not None}
         held = {c.pppd_pid for c in self.tracker.calls() if c.pppd_pid and c.data_path == "kernel"} \
             if self.kernel else set()
-        return lambda p: (not parents or p.ppid in parents) and p.pid not in held
+        return {"parents": frozenset(parents) if parents else None, "fds_of": lambda p: p.pid not in held}
 
     def _reconcile_proc(self, scanned: Optional[Scanned] = None, scanned_at: Optional[float] = None) -> list[Event]:
         """``scanned``: a scan begun at ``scanned_at`` (monotonic); one is
@@ -698,7 +698,9 @@ class Discovery:
             if ins.name != s.name and not ins.calls and not ins.tunnels:
                 self._drop_instance(ins.name)  # a second xl2tpd that logged its exit
             return ev  # no process to check against (a log from elsewhere, or not started)
-        kids = children.get(ins.daemon_pid, [])
+        if ins.daemon_pid not in children:
+            return ev  # its children were not read in this scan (it was not followed when it began)
+        kids = children[ins.daemon_pid]
         by_pid = {k.pid: k for k in kids}
         taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
         for c in list(ins.calls.values()):

@@ -7,7 +7,7 @@ import functools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Collection, Optional
 
 from .. import defaults
 
@@ -73,28 +73,53 @@ def _split_stat(stat: str) -> tuple[str, list[str]]:
     return stat[stat.find("(") + 1: stat.rfind(")")], stat[stat.rfind(")") + 2:].split()
 
 
-def _read_stat(pid: int) -> Optional[str]:
+def _read(path: str) -> Optional[bytes]:
+    """A /proc file's bytes, or None when its process is gone.  os-level
+    calls: a scan reads hundreds of these, and io.open's buffered and text
+    layers cost more than the read under TCG.  A short read is the end
+    (stat and cmdline fill the buffer while they have more)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         _gone(e)
         return None
+    try:
+        out = b = os.read(fd, _CHUNK)
+        while len(b) == _CHUNK:
+            b = os.read(fd, _CHUNK)
+            out += b
+        return out
+    except OSError as e:  # ESRCH: it exited between the open and the read
+        _gone(e)
+        return None
+    finally:
+        os.close(fd)
+
+
+_CHUNK = 4096
+
+
+def _text(raw: bytes) -> str:
+    # any local user names its processes (prctl, exec of any file name):
+    # bytes that are not UTF-8 must not stop a scan
+    return raw.decode("utf-8", "replace")
+
+
+def _read_stat(pid: int) -> Optional[str]:
+    raw = _read(f"/proc/{pid}/stat")
+    return None if raw is None else _text(raw)
 
 
 def read_process(pid: int, with_fds: bool, stat: Optional[str] = None) -> Optional[Proc]:
     """``pid``'s /proc entry (``stat``: its stat line, read already), or
     None when it is gone."""
-    base = f"/proc/{pid}"
     stat = stat if stat is not None else _read_stat(pid)
     if stat is None:
         return None
-    try:
-        with open(f"{base}/cmdline", "rb") as f:
-            argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
-    except OSError as e:
-        _gone(e)
+    raw = _read(f"/proc/{pid}/cmdline")
+    if raw is None:
         return None
+    argv = [_text(a) for a in raw.split(b"\0") if a]
     comm, rest = _split_stat(stat)
     p = Proc(pid, int(rest[1]), comm, argv, int(rest[19]))
     if with_fds:
@@ -118,36 +143,43 @@ def _read_fds(p: Proc) -> None:
         _gone(e)
 
 
-def scan(fds_of: Optional[Callable[[Proc], bool]] = None) -> tuple[list[Proc], dict[int, list[Proc]]]:
-    """(xl2tpd daemons, pppd children by xl2tpd pid).  A pppd's fds (its
-    pty, its sockets: a read per fd) are read when ``fds_of(pppd)`` says so
-    (default: every xl2tpd's child)."""
+def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
+         parents: Optional[Collection[int]] = None) -> tuple[list[Proc], dict[int, list[Proc]]]:
+    """(xl2tpd daemons, pppd children by xl2tpd pid).  Only the children of
+    the daemons in ``parents`` are read (default: every daemon's); a daemon
+    whose children were not read has no entry.  A pppd's fds (its pty, its
+    sockets: a read per fd) are read when ``fds_of(pppd)`` says so (default:
+    every child read)."""
     daemons: list[Proc] = []
-    pppds: list[Proc] = []
+    pppds: list[tuple[int, int, str]] = []  # (pid, ppid, stat line)
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         # any other process costs one read, its stat line: its cmdline is not
-        # needed (and reading it takes the target's mm lock)
+        # needed (and reading it takes the target's mm lock); nor is a pppd's
+        # that is no child of a daemon asked about (PPPoE's, another xl2tpd's)
         stat = _read_stat(int(name))
         if stat is None:
             continue
-        comm = _split_stat(stat)[0]
-        if comm not in ("xl2tpd", "pppd"):
-            continue
-        p = read_process(int(name), with_fds=False, stat=stat)
-        if p is None:
-            continue
-        (daemons if comm == "xl2tpd" else pppds).append(p)
+        comm, rest = _split_stat(stat)
+        if comm == "pppd":
+            pppds.append((int(name), int(rest[1]), stat))
+        elif comm == "xl2tpd":
+            p = read_process(int(name), with_fds=False, stat=stat)
+            if p is not None:
+                daemons.append(p)
     # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon
     named = {d.pid for d in daemons}
     daemons = [d for d in daemons if d.ppid not in named]
-    children: dict[int, list[Proc]] = {d.pid: [] for d in daemons}
-    for p in pppds:
-        if p.ppid in children:
+    children: dict[int, list[Proc]] = {d.pid: [] for d in daemons if parents is None or d.pid in parents}
+    for pid, ppid, stat in pppds:
+        if ppid in children:
+            p = read_process(pid, with_fds=False, stat=stat)
+            if p is None:
+                continue
             if fds_of is None or fds_of(p):
                 _read_fds(p)
-            children[p.ppid].append(p)
+            children[ppid].append(p)
     return daemons, children
 
 
@@ -180,25 +212,20 @@ def exe(pid: int) -> Optional[str]:
 
 def uids(pid: int) -> Optional[tuple[int, ...]]:
     """Real, effective, saved and filesystem uid of ``pid``."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return tuple(int(x) for x in line.split()[1:5])
-    except OSError as e:
-        _gone(e)
-    except ValueError:
-        pass
+    raw = _read(f"/proc/{pid}/status")
+    for line in (raw or b"").splitlines():
+        if line.startswith(b"Uid:"):
+            try:
+                return tuple(int(x) for x in line.split()[1:5])
+            except ValueError:
+                return None
     return None
 
 
 def comm_ppid(pid: int) -> Optional[tuple[str, int]]:
     """(comm, parent pid) of ``pid``, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError as e:
-        _gone(e)
+    stat = _read_stat(pid)
+    if stat is None:
         return None
     comm, rest = _split_stat(stat)
     return comm, int(rest[1])

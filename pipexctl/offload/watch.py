@@ -493,11 +493,14 @@ class CallWatch:
         scanned = None
         if full and self.discovery.proc:
             with self.lock:
-                wanted = self.discovery.fds_wanted()
+                wanted = self.discovery.scan_wanted()
             try:
-                scanned = procscan.scan(wanted)  # outside the lock: slow under TCG
+                scanned = procscan.scan(**wanted)  # outside the lock: slow under TCG
             except OSError as e:  # out of fds: no scan this round, and no end read into a failed one
                 log.warning("discovery: cannot scan /proc: %s", e.strerror)
+                full = False
+            except Exception:  # a bug must not stop the watcher: no scan this round
+                log.exception("discovery: the /proc scan failed")
                 full = False
         t_scanned = time.monotonic()
         # new log lines first; then, once the requests that waited on the lock

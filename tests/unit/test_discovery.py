@@ -240,6 +240,27 @@ def test_a_call_whose_child_has_not_exec_d_pppd_yet_is_not_ended_by_a_proc_scan(
         child.wait()
 
 
+def test_an_xl2tpd_whose_children_the_scan_did_not_read_keeps_its_calls(tmp_path):
+    """A scan reads the children of the xl2tpds followed when it began; an
+    instance followed since then has no entry in it, which is no proof its
+    pppds are gone: its calls stay for the next scan."""
+    import subprocess
+
+    from pipexctl.discovery import procscan
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    me = os.getpid()
+    d = _one_lns_call(tmp_path, me, gone.pid)
+    d.proc = True
+    xl2tpd = procscan.Proc(pid=me, ppid=os.getppid(), comm="xl2tpd", argv=["xl2tpd"], start=0)
+    assert d._reconcile_proc(scanned=([xl2tpd], {})) == []
+    assert [c.call_id for c in d.tracker.calls()] == [19361]
+    (down,) = d._reconcile_proc(scanned=([xl2tpd], {me: []}))  # read, and its pppd not among them
+    assert down.reason == f"pppd {gone.pid} exited"
+    d.close()
+
+
 def test_a_scan_begun_before_a_pppd_was_named_leaves_it_to_the_next_scan(tmp_path, monkeypatch):
     """The daemon scans /proc outside its lock, and in a login storm the
     scan takes long enough that most calls are named while it runs.  Such
@@ -332,22 +353,23 @@ def test_a_poll_says_what_each_of_its_parts_took(tmp_path):
 
 def test_a_full_scan_reads_the_fds_only_of_pppds_whose_path_is_open(tmp_path):
     """The kernel dump places an offloaded call: its pppd's fds are not read
-    again each scan; nor are the fds of another xl2tpd's children."""
+    again each scan; nor are another xl2tpd's children read at all."""
     from pipexctl.discovery import procscan
     from pipexctl.discovery.state import CallInfo
 
     d = Discovery([str(tmp_path / "x.log")], proc=True, kernel=True)
     anyone = procscan.Proc(pid=12, ppid=6, comm="pppd", argv=["pppd"], start=0)
-    assert d.fds_wanted()(anyone)  # no xl2tpd known yet: every child's
+    assert d.scan_wanted()["parents"] is None  # no xl2tpd known yet: every one's children
+    assert d.scan_wanted()["fds_of"](anyone)
     ins = d.tracker.inst(d.sources[0].name)
     ins.daemon_pid = 5
     for cid, pid, path in ((1, 10, "kernel"), (2, 11, "userspace")):
         ins.calls[cid] = CallInfo(instance=ins.name, role="lns", peer="192.0.2.7", call_id=cid, pppd_pid=pid,
                                   data_path=path)
-    want = d.fds_wanted()
-    assert [want(procscan.Proc(pid=pid, ppid=5, comm="pppd", argv=["pppd"], start=0)) for pid in (10, 11, 13)] \
-        == [False, True, True]
-    assert not want(anyone)  # another xl2tpd's child
+    want = d.scan_wanted()
+    assert want["parents"] == {5}
+    assert [want["fds_of"](procscan.Proc(pid=pid, ppid=5, comm="pppd", argv=["pppd"], start=0))
+            for pid in (10, 11, 13)] == [False, True, True]
     d.kernel = False  # without the kernel's word, /proc's decides: read
-    assert d.fds_wanted()(procscan.Proc(pid=10, ppid=5, comm="pppd", argv=["pppd"], start=0))
+    assert d.scan_wanted()["fds_of"](procscan.Proc(pid=10, ppid=5, comm="pppd", argv=["pppd"], start=0))
     d.close()

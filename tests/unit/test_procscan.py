@@ -53,18 +53,16 @@ def test_a_forked_child_of_xl2tpd_still_named_xl2tpd_is_no_daemon():
 def test_the_scan_reads_only_the_stat_line_of_other_processes(monkeypatch):
     """A cmdline or fd read costs the target's locks (slow while processes
     start by the hundred): only xl2tpd's and pppd's are read."""
-    import builtins
-
     other = subprocess.Popen(["sleep", "60"])
     opened: list[str] = []
-    real_open = builtins.open
+    real_open = os.open
 
     def spy(path, *a, **kw):
         opened.append(str(path))
         return real_open(path, *a, **kw)
 
     try:
-        monkeypatch.setattr(builtins, "open", spy)
+        monkeypatch.setattr(os, "open", spy)
         procscan.scan()
         monkeypatch.undo()
         assert f"/proc/{other.pid}/stat" in opened
@@ -91,3 +89,44 @@ def test_a_pppds_fds_are_read_only_when_asked():
         _, children = procscan.scan(never)
         (pppd,) = children[parent]
         assert kid in asked and pppd.ttys == [] and pppd.data_path == "unknown"
+
+
+def test_only_the_children_of_the_daemons_asked_about_are_read(monkeypatch):
+    """scan(parents=...): another xl2tpd's pppd (or PPPoE's) costs its stat
+    line only, and its daemon has no entry (not "no children")."""
+    child = "ctypes.CDLL(None).prctl(15, b'pppd', 0, 0, 0)"
+    with xl2tpd_with_child(child) as (ours, kid), xl2tpd_with_child(child) as (other, other_kid):
+        opened: list[str] = []
+        real_open = os.open
+        monkeypatch.setattr(os, "open", lambda path, *a, **kw: opened.append(str(path)) or real_open(path, *a, **kw))
+        daemons, children = procscan.scan(parents={ours})
+        monkeypatch.undo()
+        assert {ours, other} <= {d.pid for d in daemons}
+        assert [p.pid for p in children[ours]] == [kid] and other not in children
+        assert f"/proc/{kid}/cmdline" in opened
+        assert [p for p in opened if p.startswith(f"/proc/{other_kid}/") and not p.endswith("/stat")] == []
+        _, children = procscan.scan()
+        assert [p.pid for p in children[other]] == [other_kid]
+
+
+def test_a_process_name_that_is_not_utf8_does_not_stop_a_scan():
+    """Any local user names its processes (prctl, or exec of a file so
+    named): bytes that are not UTF-8 in a name or a command line are read
+    as replacement characters, never raised (that stopped the daemon's
+    scans)."""
+    code = ("import ctypes, time\n"
+            "ctypes.CDLL(None).prctl(15, b'\\xff\\xfe\\x80 x', 0, 0, 0)\n"
+            "print(flush=True)\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, b"\xff-arg".decode("utf-8", "surrogateescape")],
+                         stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None
+        p.stdout.readline()
+        procscan.scan()
+        comm, ppid = procscan.comm_ppid(p.pid) or ("", 0)
+        assert comm.startswith("\ufffd") and ppid == os.getpid()
+        assert procscan.uids(p.pid) == (os.getuid(),) * 2 + (os.getuid(),) * 2
+        assert "\ufffd-arg" in procscan.argv(p.pid)
+    finally:
+        p.kill()
+        p.wait()

@@ -426,19 +426,19 @@ def test_out_of_file_descriptors_is_never_read_as_a_pppd_gone(monkeypatch):
     reads raise instead of answering "gone", which would end a live call."""
     import errno as _errno
 
-    real_open = open
+    real_open = os.open
 
     def no_fds(path, *a, **k):
         if str(path).startswith("/proc/"):
             raise OSError(_errno.EMFILE, "Too many open files")
         return real_open(path, *a, **k)
 
-    monkeypatch.setattr("builtins.open", no_fds)
+    monkeypatch.setattr(os, "open", no_fds)
     for read in (lambda: procscan.runs(os.getpid(), "python"), lambda: procscan.argv(os.getpid()),
-                 lambda: procscan.uids(os.getpid())):
+                 lambda: procscan.uids(os.getpid()), lambda: procscan.scan()):
         with pytest.raises(OSError):
             read()
-    monkeypatch.setattr("builtins.open", real_open)
+    monkeypatch.setattr(os, "open", real_open)
     assert procscan.comm_ppid(os.getpid()) is not None
     assert procscan.comm_ppid(2 ** 22 + 1) is None  # ENOENT: gone
 

@@ -247,3 +247,30 @@ def test_full_polls_take_at_most_a_tenth_of_a_cpu():
     assert not t.is_alive()
     assert 1 <= d.full <= 2, d.full
     assert w.scan_cpu >= 0.1
+
+
+def test_a_scan_that_fails_is_logged_and_the_watcher_goes_on(tmp_path, monkeypatch, caplog):
+    """Whatever a /proc scan raises (before procscan read names as bytes, a
+    process named with bytes that are not UTF-8 did it), the watcher logs it,
+    skips that round's reconcile and scans again the next round."""
+    from pipexctl.discovery import procscan
+
+    log = tmp_path / "xl2tpd.log"
+    log.write_text("")
+    d = Discovery([str(log)], proc=True, kernel=False)
+    w = CallWatch(d, reconcile_interval=3600)
+    real, calls = procscan.scan, []
+
+    def scan(**kw):
+        calls.append(kw)
+        if len(calls) == 1:
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return real(**kw)
+
+    monkeypatch.setattr(procscan, "scan", scan)
+    with caplog.at_level("ERROR", logger="pipexctl"):
+        w._poll(True, lambda ev: None)
+    assert "the /proc scan failed" in caplog.text and "proc" not in d.poll_seconds
+    w._poll(True, lambda ev: None)
+    assert len(calls) == 2 and "proc" in d.poll_seconds
+    d.close()

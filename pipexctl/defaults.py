@@ -11,6 +11,9 @@ XL2TPD_CONTROL = "/var/run/xl2tpd/l2tp-control"
 L2TP_PORT = 1701
 # the syslog socket xl2tpd's lines go through: the daemon's log barriers go there too
 SYSLOG_SOCKET = "/dev/log"
+# the C library, by glibc's soname (Debian's): ctypes.util.find_library would
+# run `ldconfig -p`, a fork and exec at every command's and the daemon's start
+LIBC = "libc.so.6"
 
 # seconds a channel request waits for its call to show in discovery (`pipexctl serve --wait`)
 REQUEST_WAIT = 5.0

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import subprocess
 import uuid
 from typing import Any, Iterator
 
+from . import defaults
 from .errors import NotFoundError
 
 CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(defaults.LIBC, use_errno=True)
 
 
 def _setns(fd: int) -> None:

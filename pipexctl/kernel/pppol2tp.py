@@ -11,7 +11,6 @@ library wraps PPPoL2TP; it is small and pinned by those tests.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno as _errno
 import fcntl
 import ipaddress
@@ -20,15 +19,15 @@ import socket
 import struct
 from typing import Optional
 
-from .. import errors
+from .. import defaults, errors
 from ..model import Stats
 from . import uapi
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(defaults.LIBC, use_errno=True)
 # the same libc, called without giving up the GIL: a live move's connect and
 # the ioctls that put its channel under pppd's unit run with no other thread
 # of the daemon in between (what arrives meanwhile waits on the channel)
-_libc_held = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc_held = ctypes.PyDLL(defaults.LIBC, use_errno=True)
 
 
 class sockaddr_in(ctypes.Structure):

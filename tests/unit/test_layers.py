@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -139,3 +141,21 @@ def test_the_private_name_check_sees_a_reach(tmp_path):
     p.write_text("from pipexctl.discovery import procscan\nx = procscan._hidden(1)\n"
                  "class C:\n    def __init__(self):\n        self._mine = 1\n\ndef f(c):\n    return c._mine\n")
     assert private_reach(p) == ["probe.py:2: procscan._hidden"]
+
+
+def test_importing_the_cli_and_the_daemon_starts_no_process():
+    """Every CLI command and every daemon start imports these: a process
+    started at import (ctypes.util.find_library runs `ldconfig -p`) is a
+    fork and exec each time."""
+    code = ("import subprocess, sys\n"
+            "started = []\n"
+            "real = subprocess.Popen.__init__\n"
+            "def spy(self, args, *a, **kw):\n"
+            "    started.append(args)\n"
+            "    real(self, args, *a, **kw)\n"
+            "subprocess.Popen.__init__ = spy\n"
+            "import pipexctl.cli, pipexctl.offload.server, pipexctl.kernel.backend, pipexctl.netns\n"
+            "print(started)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(pathlib.Path(pipexctl.__file__).parent.parent))
+    assert out.stdout.strip() == "[]", out.stdout

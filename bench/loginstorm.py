@@ -51,6 +51,8 @@ from pipexctl.discovery import udpdrops  # noqa: E402
 from pipexctl.testing.lab import Lab, kernel_objects, plugin_options  # noqa: E402
 from pipexctl.testing.probe import cpu_jiffies, memory_kib, ppp_inet_links, process_jiffies  # noqa: E402
 
+SAMPLER = Path(__file__).resolve().parent / "cpusampler"
+
 
 def pppol2tp_sessions(ns: str) -> int:
     """PPP sessions on PPPoL2TP sockets in ``ns`` (its /proc/net/pppol2tp),
@@ -151,7 +153,7 @@ def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
 
 
 def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "", pppd_extra: str = "",
-          max_retries: int = 0, serve_nice: int = 0) -> dict:
+          max_retries: int = 0, serve_nice: int = 0, profile: str = "") -> dict:
     # both ends alike, in both modes (the module's docstring says why)
     retries = f"max retries = {max_retries}\n" if max_retries else ""
     lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="", lns_global=retries,
@@ -161,7 +163,10 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         lab.setup(k)
         lab.start_all(plugin_options() + "pipexctl_timeout 60\n" + pppd_extra if offload else "")
         if offload:
-            lab.serve_all([lab.lns], "--wait", "60", "--metrics", f"127.0.0.1:{METRICS_PORT}")
+            # --profile-cpu: the daemon's CPU by stack (bench/cpusampler), written to `profile`
+            env = {"PYTHONPATH": os.pathsep.join(filter(None, (str(SAMPLER), os.environ.get("PYTHONPATH")))),
+                   "PIPEXCTL_SAMPLE_OUT": profile} if profile else None
+            lab.serve_all([lab.lns], "--wait", "60", "--metrics", f"127.0.0.1:{METRICS_PORT}", env=env)
         if scrape:
             threading.Thread(target=scrape_loop, args=(lab.lns.ns, stop, scrapes), daemon=True).start()
             time.sleep(1)  # the loop running before the first dial
@@ -238,6 +243,9 @@ def main() -> int:
     p.add_argument("--rmem-default", type=int, default=0,
                    help="net.core.rmem_default for the run, bytes (0: the kernel's): the receive buffer of every "
                         "socket that does not size its own, xl2tpd's among them (docs/operations.md)")
+    p.add_argument("--profile-cpu", action="store_true",
+                   help="sample the daemon's CPU by Python stack (bench/cpusampler; it costs the daemon CPU of its "
+                        "own, so a profiled round's times are not the bench's): cpu-K-CASE.txt beside --out")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
     if a.rmem_default:
@@ -251,7 +259,8 @@ def main() -> int:
         for n, case in enumerate(a.cases.split(",")):
             r = storm(k, case != "c", a.timeout, scrape=case == "s", tag=f"-{case}{n}",
                       pppd_extra="pipexctl_move 0\n" if case == "n" else "", max_retries=a.max_retries,
-                      serve_nice=0 if case in "cu" else nice)
+                      serve_nice=0 if case in "cu" else nice,
+                      profile=str(Path(a.out).parent / f"cpu-{k}-{case}{n}.txt") if a.profile_cpu and case != "c" else "")
             r["rmem_default"] = int(Path("/proc/sys/net/core/rmem_default").read_text())
             r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped",
                          "n": "n-pipexctl-no-links", "u": "u-pipexctl-nice-0"}[case]

@@ -153,3 +153,29 @@ def test_request_split_rows_and_the_dump_split_line():
     assert "| session create | 600 | 300 | 1.00 |" in md
     assert "| session get | 900 | 300 | 2.00 |" in md
     assert "a dump of 10,000 sessions, median s: models 67.00, counters 4.50, ids 3.60, floor 2.70" in md
+
+
+def test_the_cpu_sampler_charges_a_daemons_cpu_to_its_stacks_and_nothing_else(tmp_path):
+    """bench/cpusampler (loginstorm --profile-cpu) writes collapsed stacks
+    for a process run as `... pipexctl serve`, and stays out of any other."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import time\n"
+            "def spin():\n"
+            "    end = time.thread_time() + 1.0\n"
+            "    while time.thread_time() < end:\n"
+            "        pass\n"
+            "spin()\ntime.sleep(3.5)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bench" / "cpusampler"), "PIPEXCTL_SAMPLE_INTERVAL": "0.05"}
+    env["PIPEXCTL_SAMPLE_OUT"] = str(tmp_path / "serve.txt")
+    subprocess.run([sys.executable, "-c", code, "pipexctl", "serve"], env=env, check=True)
+    lines = (tmp_path / "serve.txt").read_text().splitlines()
+    assert lines[0].startswith("# samples ")
+    spun = sum(int(ln.rpartition(" ")[2]) for ln in lines[1:] if ";spin (<string>" in ln)
+    assert 0.7e9 < spun < 1.3e9, lines
+    threads = "import threading; print(sorted(t.name for t in threading.enumerate()))"
+    for argv, sampled in ((["pipexctl", "status"], False), (["pipexctl", "serve"], True)):
+        out = subprocess.run([sys.executable, "-c", threads, *argv], env=env, check=True, capture_output=True, text=True)
+        assert ("cpusampler" in out.stdout) == sampled, (argv, out.stdout)

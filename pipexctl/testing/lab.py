@@ -544,3 +544,40 @@ def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1,
     received: dict[str, Any] = doc["end"]["sum_received"]
     return received
 
+
+
+# Debian's rsyslog, reduced to what writes xl2tpd's lines to a file: its
+# socket, and the traditional file format Debian's rsyslog.conf sets
+RSYSLOG_CONF = """module(load="imuxsock" SysSock.Name="/dev/log")
+global(workDirectory="{work}")
+*.* action(type="omfile" file="{log}" template="RSYSLOG_TraditionalFileFormat")
+"""
+
+
+@contextlib.contextmanager
+def syslogd(kind: str, log: Path) -> Iterator[None]:
+    """A syslog daemon on /dev/log writing ``log``: Debian's rsyslog, or
+    busybox syslogd (small systems); each reads that one socket in order.
+    An xl2tpd started with ``-l`` (``Lab.lns_args``) logs through it, and so
+    does every pppd.  /dev/log is gone again after, so later daemons find no
+    syslog socket to send barriers to."""
+    if kind == "rsyslog":
+        work = log.parent / "rsyslog"
+        work.mkdir()
+        conf = work / "rsyslog.conf"
+        conf.write_text(RSYSLOG_CONF.format(work=work, log=log))
+        p = subprocess.Popen(["rsyslogd", "-n", "-f", str(conf), "-i", str(work / "pid")])
+    else:
+        p = subprocess.Popen(["busybox", "syslogd", "-n", "-O", str(log)])
+    try:
+        end = time.monotonic() + 10
+        while not os.path.exists("/dev/log"):
+            if time.monotonic() > end or p.poll() is not None:
+                raise RuntimeError(f"{kind}: no /dev/log in 10 s (exit status {p.poll()})")
+            time.sleep(0.05)
+        yield
+    finally:
+        p.terminate()
+        p.wait(10)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink("/dev/log")

@@ -10,7 +10,6 @@ given); the lab's xl2tpd writes that file itself."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import resource
@@ -26,7 +25,7 @@ import pytest
 
 from pipexctl import errors
 from pipexctl.offload.client import ask
-from pipexctl.testing.lab import Lab, kernel_objects as objects, plugin_options, xl2tpd_pid
+from pipexctl.testing.lab import Lab, kernel_objects as objects, plugin_options, syslogd, xl2tpd_pid
 from pipexctl.testing.probe import ppp_peer_addrs
 
 from .conftest import TWINS_STEERED, ip_l2tp, wait_until
@@ -304,38 +303,6 @@ def test_a_forged_call_line_written_before_xl2tpds_own_is_passed_over(tmp_path):
         assert st["refused"] == 0 and st["unchecked_calls"] == 0, st  # checked, not taken on the log's word
     finally:
         lab.teardown()
-
-
-# Debian's rsyslog, reduced to what writes xl2tpd's lines to a file: its
-# socket, and the traditional file format Debian's rsyslog.conf sets
-RSYSLOG_CONF = """module(load="imuxsock" SysSock.Name="/dev/log")
-global(workDirectory="{work}")
-*.* action(type="omfile" file="{log}" template="RSYSLOG_TraditionalFileFormat")
-"""
-
-
-@contextlib.contextmanager
-def syslogd(kind: str, log: Path):
-    """A syslog daemon on /dev/log writing ``log``: Debian's rsyslog, or
-    busybox syslogd (small systems); each reads that one socket in order.
-    /dev/log is gone again after, so the other tests' daemons find no
-    syslog socket to send barriers to."""
-    if kind == "rsyslog":
-        work = log.parent / "rsyslog"
-        work.mkdir()
-        conf = work / "rsyslog.conf"
-        conf.write_text(RSYSLOG_CONF.format(work=work, log=log))
-        p = subprocess.Popen(["rsyslogd", "-n", "-f", str(conf), "-i", str(work / "pid")])
-    else:
-        p = subprocess.Popen(["busybox", "syslogd", "-n", "-O", str(log)])
-    try:
-        wait_until(lambda: os.path.exists("/dev/log"), "syslogd's /dev/log", timeout=10)
-        yield
-    finally:
-        p.terminate()
-        p.wait(10)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink("/dev/log")
 
 
 def logger_as_nobody(tag: str, msg: str) -> None:

@@ -441,13 +441,27 @@ _GLUE_OK = re.compile(
 _ARG = re.compile(r'^"(?P<a>.{0,4096})" ?$', re.S)
 
 
+def _number(v: object) -> Optional[int]:
+    """A decimal number written in ASCII digits (str.isdigit takes "²", which int() does not)."""
+    return int(v) if isinstance(v, str) and v.isascii() and v.isdigit() else None
+
+
+def _pid(v: object) -> Optional[int]:
+    """A process id from a log's framing (a string, or journald's number), or None."""
+    n = _number(v) if isinstance(v, str) and len(v) <= 7 else v if type(v) is int else None
+    return n if n is not None and 0 < n <= PID_MAX else None
+
+
+PID_MAX = 4194304  # the kernel's PID_MAX_LIMIT on 64-bit
+
+
 def split_framing(line: str, identifier: str = "xl2tpd") -> tuple[Optional[int], Optional[str], Optional[float]]:
     """(pid, message, timestamp) of one raw line; message None if it is not xl2tpd's."""
     line = line.rstrip("\r\n")
     if line.startswith("{"):
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
             return None, None, None
         if not isinstance(obj, dict):
             return None, None, None
@@ -466,19 +480,18 @@ def split_framing(line: str, identifier: str = "xl2tpd") -> tuple[Optional[int],
             msg = bytes(x & 0xFF for x in msg if isinstance(x, int)).decode("utf-8", "replace")
         if not isinstance(msg, str):
             return None, None, None
-        pid = obj.get("_PID") or obj.get("SYSLOG_PID")
+        if not msg.isascii():  # a \udcXX escape gives a lone surrogate, which no encoder takes later
+            msg = msg.encode("utf-8", "replace").decode("utf-8")
         ts = obj.get("__REALTIME_TIMESTAMP")
-        try:
-            pid = int(pid) if pid is not None else None
-            ts = int(ts) / 1e6 if ts is not None else None
-        except (TypeError, ValueError):
-            pid, ts = None, None
-        return pid, msg, ts
+        usec = ts if type(ts) is int and 0 <= ts < 1 << 63 else _number(ts) if isinstance(ts, str) and len(ts) <= 20 \
+            else None
+        ts = usec / 1e6 if usec is not None else None
+        return _pid(obj.get("_PID") or obj.get("SYSLOG_PID")), msg, ts
     m = _RFC5424.match(line)
     if m:
         if m["app"] != identifier:
             return None, None, None
-        return (int(m["procid"]) if m["procid"].isdigit() else None), m["msg"] or "", None
+        return _pid(m["procid"]), m["msg"] or "", None
     m = _SYSLOG.match(line)
     if m:
         line = m["rest"]
@@ -513,6 +526,16 @@ class LineParser:
         self._argv_pid, self.last_pid = st.argv_pid, st.last_pid
 
     def feed(self, raw: str) -> list[Record]:
+        """The records of one line.  Never raises: anyone may write a line
+        (syslog), so a line this parser fails on is a Malformed record, and
+        the lines after it are read as ever."""
+        try:
+            return self._feed(raw)
+        except Exception as e:  # a parser bug must not cost the records of the lines after it
+            self.malformed += 1
+            return [Malformed(raw[:512], f"cannot be parsed ({type(e).__name__}: {e})"[:200])]
+
+    def _feed(self, raw: str) -> list[Record]:
         self.lines += 1
         pid, msg, ts = split_framing(raw, self.identifier)
         if msg is None:

@@ -211,3 +211,40 @@ def test_fuzz_interleaved_garbage_does_not_change_records(good, garbage):
     expected = [LINES[g] for g in good]
     got = [_strip(r) for r in recs]
     assert [x for x in got if x in expected] == expected
+
+
+@pytest.mark.parametrize("line", [
+    # RFC 5424 framing whose PROCID is a digit to str.isdigit() but not to int() ("²")
+    "<30>1 2026-12-05T10:00:00Z lns xl2tpd \u00b2 - - Listening on IP address 0.0.0.0, port 1701",
+    # journald's JSON with numbers no int() or float division takes
+    '{"_PID": 1e400, "SYSLOG_IDENTIFIER": "xl2tpd", "MESSAGE": "Listening on IP address 0.0.0.0, port 1701"}',
+    '{"SYSLOG_IDENTIFIER": "xl2tpd", "__REALTIME_TIMESTAMP": "' + "9" * 400 + '", "MESSAGE": "x"}',
+    '{"SYSLOG_IDENTIFIER": "xl2tpd", "__REALTIME_TIMESTAMP": 1e400, "MESSAGE": "x"}',
+    # nesting deeper than the JSON parser's stack
+    '{"a": ' + "[" * 100000 + "]" * 100000 + "}",
+    # a lone surrogate (\udc80), which no encoder takes later (the checkpoint, the journal)
+    '{"SYSLOG_IDENTIFIER": "xl2tpd", "SYSLOG_PID": "147", "MESSAGE": "Call \\udc80 established"}',
+])
+def test_a_line_anyone_can_write_never_raises_and_gives_no_false_pid(line):
+    """Any local user writes syslog lines, and a peer's newline puts a line
+    of its own into a log xl2tpd writes itself: framing that raised
+    (ValueError, OverflowError, RecursionError) stopped a start and a
+    request, and cost the watcher the records of the rest of its read."""
+    pid, msg, ts = lp.split_framing(line)
+    assert pid in (None, 147) and (ts is None or ts < 1e10)
+    if msg is not None:
+        msg.encode("utf-8")
+    assert isinstance(lp.LineParser().feed(line), list)
+
+
+def test_a_line_the_parser_fails_on_is_malformed_and_the_next_lines_are_read(monkeypatch):
+    """Whatever a line makes the parser raise, it is one Malformed record:
+    the lines after it are parsed as ever."""
+    real = lp.split_framing
+    monkeypatch.setattr(lp, "split_framing", lambda raw, ident="xl2tpd": (
+        (_ for _ in ()).throw(RuntimeError("a parser bug")) if "BOOM" in raw else real(raw, ident)))
+    p = lp.LineParser()
+    (bad,) = p.feed("xl2tpd[147]: BOOM")
+    assert isinstance(bad, lp.Malformed) and "RuntimeError" in bad.why and p.malformed == 1
+    (ok,) = p.feed("xl2tpd[147]: Listening on IP address 0.0.0.0, port 1701")
+    assert isinstance(ok, lp.Listening)

@@ -287,6 +287,15 @@ class Journal:
             self._journalctl = None
 
 
+def _realpath(path: str) -> Optional[str]:
+    """``path`` resolved, or None when it cannot be (a loop, or a chain of
+    symlinks deeper than Python's recursion: raised, not OSError)."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 @dataclass(frozen=True)
 class Listed:
     """One answer of an xl2tpd's control pipe, as a claim is checked against it."""
@@ -500,8 +509,11 @@ class Discovery:
     def _control_owner(self, s: Source, daemons: list[procscan.Proc]) -> Optional[int]:
         """The xl2tpd (of a /proc scan) that has ``s``'s control pipe open, if one does."""
         assert s.control is not None
-        want = os.path.realpath(s.control.pipe)  # /var/run is /run on Debian
-        m = [d.pid for d in daemons if os.path.realpath(d.control_pipe) == want]
+        want = _realpath(s.control.pipe)  # /var/run is /run on Debian
+        # anyone may run a process named xl2tpd, or the binary itself, with any -C: only root's
+        # system xl2tpd counts, and only then is its path resolved
+        m = [d.pid for d in daemons
+             if want is not None and self.tracker.daemon_alive(d.pid) and _realpath(d.control_pipe) == want]
         self._control_pid[s.name] = m[0] if len(m) == 1 else None
         return self._control_pid[s.name]
 

@@ -84,11 +84,10 @@ def _read(path: str) -> Optional[bytes]:
         _gone(e)
         return None
     try:
-        out = b = os.read(fd, _CHUNK)
-        while len(b) == _CHUNK:
-            b = os.read(fd, _CHUNK)
-            out += b
-        return out
+        chunks = [os.read(fd, _CHUNK)]
+        while len(chunks[-1]) == _CHUNK and len(chunks) < _MAX_CHUNKS:
+            chunks.append(os.read(fd, _CHUNK))
+        return b"".join(chunks)
     except OSError as e:  # ESRCH: it exited between the open and the read
         _gone(e)
         return None
@@ -97,6 +96,10 @@ def _read(path: str) -> Optional[bytes]:
 
 
 _CHUNK = 4096
+# a command line past 128 KiB is cut there: xl2tpd's and pppd's are a few
+# hundred bytes, and anyone may run a process so named with megabytes of
+# arguments (its whole read would hold up the scan)
+_MAX_CHUNKS = 32
 
 
 def _text(raw: bytes) -> str:
@@ -238,7 +241,8 @@ def runs(pid: int, comm: str) -> bool:
 
 
 def is_daemon(pid: int, name: str = "xl2tpd") -> bool:
-    """``pid`` runs the system's ``name`` binary (a copy elsewhere, or a
-    process merely named so, does not count)."""
+    """``pid`` runs the system's ``name`` binary, as root (a copy elsewhere,
+    a process merely named so, or the binary run by another user with
+    arguments of its choosing, does not count)."""
     e = exe(pid)
-    return e is not None and e in trusted_exes(name)
+    return e is not None and e in trusted_exes(name) and uids(pid) == (0, 0, 0, 0)

@@ -130,3 +130,22 @@ def test_a_process_name_that_is_not_utf8_does_not_stop_a_scan():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_command_line_of_megabytes_is_read_only_to_its_first_128_kib():
+    """Anyone may run a process named xl2tpd with megabytes of arguments
+    (1.5 MB here, within this host's ARG_MAX): the scan reads 128 KiB of
+    them (read whole, and joined chunk by chunk, 3 MB cost half a second
+    of the watcher's CPU)."""
+    code = "import ctypes, time\nctypes.CDLL(None).prctl(15, b'xl2tpd', 0, 0, 0)\nprint(flush=True)\ntime.sleep(60)\n"
+    p = subprocess.Popen([sys.executable, "-c", code, *["x" * 100_000] * 15], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None
+        p.stdout.readline()
+        proc = procscan.read_process(p.pid, with_fds=False)
+        assert proc is not None and proc.comm == "xl2tpd"
+        assert 64 << 10 < sum(len(a) for a in proc.argv) <= 128 << 10
+        assert p.pid in {d.pid for d in procscan.scan()[0]}
+    finally:
+        p.kill()
+        p.wait()

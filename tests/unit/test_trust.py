@@ -1110,3 +1110,43 @@ def test_a_log_taken_not_to_carry_barriers_is_asked_again_only_once_a_minute(tmp
         monkeypatch.setattr(LogBarrier, "REPROBE", 0.0)
         assert b.state(time.monotonic()) == "absent" and rx.recv(512)  # a minute on: one more, not waited for
         b.close()
+
+
+def test_the_control_pipes_owner_is_roots_system_xl2tpd_and_a_hostile_path_is_no_error(tmp_path):
+    """Anyone may run a process named xl2tpd (or the system's binary) with
+    any -C: one naming our control pipe is not a second owner (which left
+    the pipe without one), and a -C that is a chain of symlinks deeper
+    than Python's recursion (RecursionError in realpath, which stopped
+    the daemon's start and every request) is no error."""
+    from pipexctl.discovery.procscan import Proc
+
+    log = tmp_path / "syslog"
+    log.write_text("")
+    d = Discovery([str(log)], proc=True, kernel=False)
+    s = d.sources[0]
+    s.control = StubControl([])
+    links = tmp_path / "links"
+    links.mkdir()
+    for i in range(1200):
+        (links / f"l{i}").symlink_to(links / f"l{i + 1}")
+    system = {147, 148}  # root's system xl2tpd (procscan.is_daemon)
+    d.tracker.daemon_alive = lambda pid: pid in system
+
+    def xl2tpd(pid, pipe):
+        return Proc(pid, 1, "xl2tpd", ["xl2tpd", "-C", pipe], 0)
+
+    assert d._control_owner(s, [xl2tpd(147, "stub-control"), xl2tpd(300, "stub-control")]) == 147
+    assert d._control_owner(s, [xl2tpd(148, str(links / "l0")), xl2tpd(147, "stub-control")]) == 147
+    system.add(300)  # two of root's system xl2tpd name the pipe: which has it open cannot be told
+    assert d._control_owner(s, [xl2tpd(147, "stub-control"), xl2tpd(300, "stub-control")]) is None
+    d.close()
+
+
+def test_the_system_xl2tpd_run_by_another_user_is_not_a_daemon(monkeypatch):
+    """procscan.is_daemon: the system's binary, run as root. xl2tpd is not
+    setuid: any user may run it, with arguments of its choosing."""
+    monkeypatch.setattr(procscan, "exe", lambda pid: "/usr/sbin/xl2tpd")
+    monkeypatch.setattr(procscan, "trusted_exes", lambda name: frozenset({"/usr/sbin/xl2tpd"}))
+    for ids, daemon in (((0, 0, 0, 0), True), ((65534,) * 4, False), ((1000, 0, 0, 0), False), (None, False)):
+        monkeypatch.setattr(procscan, "uids", lambda pid, ids=ids: ids)
+        assert procscan.is_daemon(4242) is daemon, ids

@@ -285,6 +285,14 @@ class OffloadServer:
                 self._reply(conn, {"ok": False, "error": f"request failed: {e}"})
             except OSError:
                 pass
+        except Exception:
+            # a bug, or input nothing checked: this request is refused at once
+            # (the plugin falls back to its pty), the daemon serves on
+            log.exception("request failed")
+            try:
+                self._reply(conn, {"ok": False, "error": "request failed: an error in pipexctl serve (its log has it)"})
+            except OSError:
+                pass
         finally:
             for fd in fds:
                 os.close(fd)

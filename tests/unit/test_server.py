@@ -243,3 +243,33 @@ def test_links_are_pruned_when_their_plugin_goes_and_replaced_per_pid():
     assert c.fileno() == -1 and len(links) == 0
     for x in (a_peer, c_peer):
         x.close()
+
+
+def test_a_request_that_fails_with_any_error_is_answered_and_the_daemon_serves_on(tmp_path, monkeypatch, caplog):
+    """Whatever a request's handling raises (a bug, or input nothing
+    checked), its plugin gets a refusal at once instead of a closed socket
+    after its timeout, the traceback goes to the log, and the next request
+    is served."""
+    srv, t = _move_server(tmp_path, monkeypatch)
+    calls = []
+
+    def fail_once(pid, wait, xl2tpd_pid=None, timing=None):
+        calls.append(pid)
+        if len(calls) == 1:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(pid, wait, xl2tpd_pid, timing)
+
+    real = srv.watch.call_of
+    monkeypatch.setattr(srv.watch, "call_of", fail_once)
+    try:
+        with caplog.at_level("ERROR", logger="pipexctl"):
+            s, rep = _ask_move(srv.socket_path)
+            s.close()
+        assert rep["ok"] is False and "an error in pipexctl serve" in rep["error"]
+        assert "RecursionError" in caplog.text
+        s, rep = _ask_move(srv.socket_path)
+        assert rep["ok"] and rep["session_id"] == 1
+        s.close()
+    finally:
+        srv.stop.set()
+        t.join(10)

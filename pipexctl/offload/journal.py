@@ -51,7 +51,7 @@ class JournalHandler(logging.Handler):
             for k, v in (getattr(record, "journal", None) or {}).items():
                 fields[k.upper()] = v
             self._sock.sendto(encode(fields), self.path)
-        except OSError:
+        except Exception:  # as logging's own handlers: a record that cannot be sent never raises into its caller
             self.handleError(record)
 
     def close(self) -> None:

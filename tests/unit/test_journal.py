@@ -41,3 +41,24 @@ def test_journal_is_used_only_when_stderr_is_the_journal_stream(monkeypatch):
     assert journal.under_journald() is None
     monkeypatch.setenv("JOURNAL_STREAM", "1:2")  # another stream than our stderr
     assert journal.under_journald() is None
+
+
+def test_a_record_that_cannot_be_formatted_never_raises_into_the_thread_that_logged_it(tmp_path, monkeypatch):
+    """As logging's own handlers: a bad record (here "%d" given None) is
+    logging's error report, not an exception in the watcher or a request."""
+    import logging
+
+    from pipexctl.offload import journal
+
+    reported = []
+    monkeypatch.setattr(logging.Handler, "handleError", lambda self, record: reported.append(record.msg))
+    h = journal.JournalHandler(path=str(tmp_path / "nobody-listens.sock"))
+    lg = logging.getLogger("pipexctl.test-journal-bad")
+    lg.addHandler(h)
+    try:
+        lg.warning("call %d", None)
+        lg.warning("nobody listens")  # the socket is not there: OSError, reported as ever
+        assert reported == ["call %d", "nobody listens"]
+    finally:
+        lg.removeHandler(h)
+        h.close()

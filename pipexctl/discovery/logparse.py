@@ -441,14 +441,19 @@ _GLUE_OK = re.compile(
 _ARG = re.compile(r'^"(?P<a>.{0,4096})" ?$', re.S)
 
 
-def _number(v: object) -> Optional[int]:
-    """A decimal number written in ASCII digits (str.isdigit takes "²", which int() does not)."""
-    return int(v) if isinstance(v, str) and v.isascii() and v.isdigit() else None
+def _whole(v: object, digits: int) -> Optional[int]:
+    """A whole number from a log's framing: journald's JSON number, or at
+    most ``digits`` ASCII digits (str.isdigit takes "²", which int() does not)."""
+    if type(v) is int:
+        return v
+    if isinstance(v, str) and len(v) <= digits and v.isascii() and v.isdigit():
+        return int(v)
+    return None
 
 
 def _pid(v: object) -> Optional[int]:
-    """A process id from a log's framing (a string, or journald's number), or None."""
-    n = _number(v) if isinstance(v, str) and len(v) <= 7 else v if type(v) is int else None
+    """A process id from a log's framing, or None."""
+    n = _whole(v, 7)
     return n if n is not None and 0 < n <= PID_MAX else None
 
 
@@ -483,9 +488,8 @@ def split_framing(line: str, identifier: str = "xl2tpd") -> tuple[Optional[int],
         if not msg.isascii():  # a \udcXX escape gives a lone surrogate, which no encoder takes later
             msg = msg.encode("utf-8", "replace").decode("utf-8")
         ts = obj.get("__REALTIME_TIMESTAMP")
-        usec = ts if type(ts) is int and 0 <= ts < 1 << 63 else _number(ts) if isinstance(ts, str) and len(ts) <= 20 \
-            else None
-        ts = usec / 1e6 if usec is not None else None
+        usec = _whole(ts, 20)
+        ts = usec / 1e6 if usec is not None and 0 <= usec < 1 << 63 else None
         return _pid(obj.get("_PID") or obj.get("SYSLOG_PID")), msg, ts
     m = _RFC5424.match(line)
     if m:

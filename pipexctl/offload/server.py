@@ -281,18 +281,12 @@ class OffloadServer:
                 self.service.failed(e)
             log.warning("request failed: %s%s", e, " (the requester stopped waiting)" if gave_up else "",
                         exc_info=not (fds_out or gave_up))
-            try:
-                self._reply(conn, {"ok": False, "error": f"request failed: {e}"})
-            except OSError:
-                pass
+            self._refuse(conn, f"request failed: {e}")
         except Exception:
             # a bug, or input nothing checked: this request is refused at once
             # (the plugin falls back to its pty), the daemon serves on
             log.exception("request failed")
-            try:
-                self._reply(conn, {"ok": False, "error": "request failed: an error in pipexctl serve (its log has it)"})
-            except OSError:
-                pass
+            self._refuse(conn, "request failed: an error in pipexctl serve (its log has it)")
         finally:
             for fd in fds:
                 os.close(fd)
@@ -405,6 +399,13 @@ class OffloadServer:
             failed[name] = self.service.pty_reasons.get(pid) or f"not moved within {LINK_ANSWER_WAIT:.0f} s"
         return done
 
+    def _refuse(self, conn: socket.socket, error: str) -> None:
+        """A failure's answer, if the requester still listens (when the hand-off itself failed, pppd is gone)."""
+        try:
+            self._reply(conn, {"ok": False, "error": error})
+        except OSError:
+            pass
+
     def _reply(self, conn: socket.socket, obj: dict[str, Any], fds: Optional[list[int]] = None) -> None:
         data = reply(**obj)
         if not fds:
@@ -492,10 +493,7 @@ class OffloadServer:
         except (errors.PipexError, OSError) as e:
             svc.failed(e, pid)
             log.warning("offload of call %d (pppd %d) failed: %s", call.call_id, pid, e)
-            try:
-                self._reply(conn, {"ok": False, "error": str(e)})
-            except OSError:
-                pass  # the hand-off itself failed: pppd is gone
+            self._refuse(conn, str(e))
             return False
         ch.close()  # pppd holds the only copy now
         svc.failpoint("channel-sent")

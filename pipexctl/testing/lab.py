@@ -545,7 +545,6 @@ def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1,
     return received
 
 
-
 # Debian's rsyslog, reduced to what writes xl2tpd's lines to a file: its
 # socket, and the traditional file format Debian's rsyslog.conf sets
 RSYSLOG_CONF = """module(load="imuxsock" SysSock.Name="/dev/log")

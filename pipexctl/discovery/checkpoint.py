@@ -35,7 +35,7 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, Field, ValidationError
 
 from .. import files
-from .state import CallInfo, Calls, Instance, TunnelInfo
+from .state import CallInfo, CallKey, Calls, Instance, TunnelInfo
 
 MAX_BYTES = 64 << 20
 TAIL = 4096  # bytes before a file position that must still be there, unchanged
@@ -75,8 +75,10 @@ class InstanceState(BaseModel):
     serial_anchor: Optional[tuple[int, int]] = None
     pending_argv: Optional[list[str]] = None
     foreign_pids: list[int] = Field(default_factory=list)
-    last_lac_call: Optional[int] = None
+    # a call's key; a bare call id in a checkpoint written before calls were keyed by peer too
+    last_lac_call: Optional[Union[tuple[str, int], int]] = None
     status_tunnel: Optional[int] = None
+    status_peer: Optional[str] = None
 
     @classmethod
     def of(cls, ins: Instance) -> "InstanceState":
@@ -85,18 +87,24 @@ class InstanceState(BaseModel):
                    calling_seen=ins.calling_seen, serial_anchor=ins.serial_anchor,
                    pending_argv=list(ins.pending_argv) if ins.pending_argv is not None else None,
                    foreign_pids=sorted(ins.foreign_pids), last_lac_call=ins.last_lac_call,
-                   status_tunnel=ins.status_tunnel)
+                   status_tunnel=ins.status_tunnel, status_peer=ins.status_peer)
 
     def instance(self) -> Instance:
         ins = Instance(self.name)
         ins.daemon_pid, ins.kernel_mode = self.daemon_pid, self.kernel_mode
         ins.tunnels = {t.tunnel_id: t for t in self.tunnels}
-        ins.calls = Calls({c.call_id: c for c in self.calls})
+        ins.calls = Calls(self.calls)
         ins.calling, ins.calling_seen = [(a, b) for a, b in self.calling], self.calling_seen
         ins.serial_anchor = (self.serial_anchor[0], self.serial_anchor[1]) if self.serial_anchor is not None else None
         ins.pending_argv = tuple(self.pending_argv) if self.pending_argv is not None else None
-        ins.foreign_pids, ins.last_lac_call, ins.status_tunnel = set(self.foreign_pids), self.last_lac_call, \
-            self.status_tunnel
+        ins.foreign_pids, ins.status_tunnel, ins.status_peer = set(self.foreign_pids), self.status_tunnel, \
+            self.status_peer
+        last = self.last_lac_call
+        if isinstance(last, int):
+            keys = [k for k in ins.calls if k.call_id == last]
+            ins.last_lac_call = keys[0] if len(keys) == 1 else None
+        elif last is not None:
+            ins.last_lac_call = CallKey(*last)
         return ins
 
 

@@ -26,7 +26,7 @@ from ..kernel.backend import NetlinkBackend
 from . import checkpoint as cpt, logparse as lp, procscan
 from .barrier import LogBarrier
 from .control import Available, ControlClient, ControlError, StatusTunnel
-from .state import CallDown, CallInfo, CallUp, Event, Instance, Tracker, TunnelDown, TunnelInfo, TunnelUp
+from .state import CallDown, CallInfo, CallKey, CallUp, Event, Instance, Tracker, TunnelDown, TunnelInfo, TunnelUp
 
 if TYPE_CHECKING:
     import threading
@@ -573,14 +573,14 @@ class Discovery:
                 out.append((s, asked, None, {}, f"{s.control.pipe}: {e}"))
         return out
 
-    def control_known(self) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
+    def control_known(self) -> dict[str, tuple[frozenset[int], frozenset[CallKey]]]:
         """The tunnel and call ids of each control pipe's instance now: what
         an answer fetched from here on may find gone (see ``apply_control``)."""
         return {ins.name: (frozenset(ins.tunnels), frozenset(ins.calls))
                 for ins in (self._control_instance(s) for s in self.sources if s.control is not None)}
 
     def apply_control(self, answers: list[ControlAnswer],
-                      known: Optional[dict[str, tuple[frozenset[int], frozenset[int]]]] = None) -> list[Event]:
+                      known: Optional[dict[str, tuple[frozenset[int], frozenset[CallKey]]]] = None) -> list[Event]:
         """Bring the model to what ``fetch_control`` found.  With ``known``
         (``control_known()`` taken before the fetch) the model may have moved
         on meanwhile: only what was known then can be found gone, and what
@@ -623,10 +623,11 @@ class Discovery:
                 asked, live,
                 frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values() for st in tunnels
                           for cid in st.calls), time.monotonic())
-            lns_calls: set[int] = set()
+            lns_calls: set[CallKey] = set()
             for section, tunnels in status.items():
                 for st in tunnels:
-                    lns_calls.update(st.calls)  # listed, whether or not its tunnel can be placed
+                    # listed, whether or not its tunnel can be placed
+                    lns_calls.update(CallKey(st.peer, cid) for cid in st.calls)
                     tid = our_tid(st)
                     if tid is None:
                         continue
@@ -638,9 +639,10 @@ class Discovery:
                                        sources=["control"])
                         ev += self.tracker.tunnel_up(ins, t)
                     for cid in st.calls:
-                        c = ins.calls.get(cid)
+                        key = CallKey(st.peer, cid)
+                        c = ins.calls.get(key)
                         if c is None:
-                            if then_cids is not None and cid in then_cids:
+                            if then_cids is not None and key in then_cids:
                                 continue  # ended while the question was out
                             c = CallInfo(instance=ins.name, role="lns", section=section, peer=st.peer,
                                          peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
@@ -650,9 +652,9 @@ class Discovery:
                         else:
                             ev += self.tracker.update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                                             peer_port=st.peer_port or None, section=section)
-            for c in list(ins.calls.values()):
-                if c.role == "lns" and c.call_id not in lns_calls and (then_cids is None or c.call_id in then_cids):
-                    ev += self.tracker.call_down(ins, c.call_id, "not reported by xl2tpd (control pipe)")
+            for k, c in list(ins.calls.items()):
+                if c.role == "lns" and k not in lns_calls and (then_cids is None or k in then_cids):
+                    ev += self.tracker.call_down(ins, k, "not reported by xl2tpd (control pipe)")
         return ev
 
     def scan_wanted(self) -> dict[str, Any]:
@@ -728,7 +730,7 @@ class Discovery:
                 except OSError:  # out of fds here: nothing known of it, nothing ended
                     continue
                 if now is None or now.ppid != ins.daemon_pid:
-                    ev += self.tracker.call_down(ins, c.call_id, f"pppd {c.pppd_pid} exited")
+                    ev += self.tracker.call_down(ins, c.ref(), f"pppd {c.pppd_pid} exited")
                     continue
                 if now.comm != "pppd":
                     # xl2tpd logs the call after fork(), before its child
@@ -737,13 +739,13 @@ class Discovery:
             if c.pppd_pid is None:
                 cands = [k for k in kids if k.pid not in taken and _matches(k, c)]
                 if len(cands) == 1:
-                    ev += self.tracker.observe_pppd(ins.name, c.call_id, cands[0].pid)
+                    ev += self.tracker.observe_pppd(ins.name, c.ref(), cands[0].pid)
                     taken.add(cands[0].pid)
             k = by_pid.get(c.pppd_pid) if c.pppd_pid else None
             # a pppd moved into the kernel keeps its pty: whether its call is
             # in the kernel is the kernel dump's word (_reconcile_kernel)
             if k is not None and k.data_path != "unknown" and not (self.kernel and c.data_path == "kernel"):
-                ev += self.tracker.observe_data_path(ins.name, c.call_id, k.data_path)
+                ev += self.tracker.observe_data_path(ins.name, c.ref(), k.data_path)
         return ev
 
     def observe_process(self, pid: int, p: Optional[procscan.Proc] = None) -> list[Event]:
@@ -762,7 +764,7 @@ class Discovery:
                     return []  # already matched
                 cands = [c for c in ins.calls.without_pppd() if _matches(p, c)]
                 if len(cands) == 1:
-                    return self.tracker.observe_pppd(ins.name, cands[0].call_id, pid)
+                    return self.tracker.observe_pppd(ins.name, cands[0].ref(), pid)
                 return []
         return self._reconcile_proc()
 
@@ -782,11 +784,11 @@ class Discovery:
             if c.tunnel_id is None:
                 continue
             if (c.tunnel_id, c.call_id) in sessions:
-                ev += self.tracker.observe_data_path(c.instance, c.call_id, "kernel")
+                ev += self.tracker.observe_data_path(c.instance, c.ref(), "kernel")
             elif c.data_path == "kernel" and self.tracker.instances[c.instance].kernel_mode is False:
                 # a userspace-mode xl2tpd's call leaves the kernel only for its
                 # pty (the live move back): its pppd still runs there
-                ev += self.tracker.observe_data_path(c.instance, c.call_id, "userspace")
+                ev += self.tracker.observe_data_path(c.instance, c.ref(), "userspace")
         return ev
 
     def poll(self, reconcile: bool = True, control: bool = False,

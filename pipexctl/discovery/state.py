@@ -35,6 +35,17 @@ class CallIds(NamedTuple):
     peer_port: int  # the tunnel's UDP port at the peer: a NAT or a second LAC makes it other than 1701
 
 
+class CallKey(NamedTuple):
+    """A call's key in its xl2tpd's model.  xl2tpd draws our call ids at
+    random and does not check them against its live calls (L2TPv2 scopes a
+    call id to its tunnel), so two live calls can share one; its log lines
+    name a call by id and peer address, never by tunnel.  Two calls of one
+    id on two tunnels to one address stay one key (``_on_call_established``)."""
+
+    peer: str
+    call_id: int
+
+
 # The tracker's per-call and per-tunnel records are slotted, validated
 # dataclasses, not BaseModels: a BaseModel instance carries a __dict__ and a
 # fields-set set, about 1.4 KiB for a call against 0.3 KiB here, and a
@@ -65,8 +76,12 @@ class CallInfo:
     # of them is forged, and which cannot be told (never offloaded then)
     disputed: bool = False
 
-    def key(self) -> tuple[str, int]:
-        return (self.instance, self.call_id)
+    def key(self) -> tuple[str, str, int]:
+        return (self.instance, self.peer, self.call_id)
+
+    def ref(self) -> CallKey:
+        """Its key in its instance's ``Calls``."""
+        return CallKey(self.peer, self.call_id)
 
     def ids(self) -> Optional[CallIds]:
         """Its kernel ids, or None while one is not yet known."""
@@ -194,50 +209,51 @@ def _argv_int(argv: Sequence[str], name: str) -> Optional[int]:
         return None
 
 
-class Calls(Indexed[int, CallInfo]):
-    """An instance's calls by call id, also by their pppd's pid (and those
+class Calls(Indexed[CallKey, CallInfo]):
+    """An instance's calls by ``CallKey``, also by their pppd's pid (and those
     whose pppd is not known yet), so that a pppd's request finds its call
     in steps that do not grow with the calls known.  A call's pppd pid is
     set once (``Tracker.update_call``), which tells ``pppd_known``."""
 
-    def __init__(self, calls: Optional[dict[int, CallInfo]] = None) -> None:
+    def __init__(self, calls: Sequence[CallInfo] = ()) -> None:
         super().__init__()
         # a pppd has one call but for a forged or reused line: a tuple of
-        # its call ids, not a set (56 bytes against 216, per call tracked)
-        self.by_pppd: dict[int, tuple[int, ...]] = {}
-        self.no_pppd: set[int] = set()
+        # its calls' keys, not a set (56 bytes against 216, per call tracked)
+        self.by_pppd: dict[int, tuple[CallKey, ...]] = {}
+        self.no_pppd: set[CallKey] = set()
         # pppd pid -> when a call first named it (monotonic), until a /proc
         # scan begun after that has judged it (forget_named)
         self.named: dict[int, float] = {}
-        for c in (calls or {}).values():
-            self[c.call_id] = c
+        for c in calls:
+            self[c.ref()] = c
 
-    def _added(self, call_id: int, c: CallInfo) -> None:
+    def _added(self, key: CallKey, c: CallInfo) -> None:
         if c.pppd_pid is None:
-            self.no_pppd.add(call_id)
+            self.no_pppd.add(key)
         else:
-            self._link(c.pppd_pid, call_id)
+            self._link(c.pppd_pid, key)
 
-    def _removed(self, call_id: int, c: CallInfo) -> None:
-        self.no_pppd.discard(call_id)
+    def _removed(self, key: CallKey, c: CallInfo) -> None:
+        self.no_pppd.discard(key)
         if c.pppd_pid is not None:
-            ids = tuple(i for i in self.by_pppd.get(c.pppd_pid, ()) if i != call_id)
-            if ids:
-                self.by_pppd[c.pppd_pid] = ids
+            keys = tuple(k for k in self.by_pppd.get(c.pppd_pid, ()) if k != key)
+            if keys:
+                self.by_pppd[c.pppd_pid] = keys
             else:
                 self.by_pppd.pop(c.pppd_pid, None)
 
-    def _link(self, pid: int, call_id: int) -> None:
-        ids = self.by_pppd.get(pid, ())
-        if call_id not in ids:
-            self.by_pppd[pid] = ids + (call_id,)
+    def _link(self, pid: int, key: CallKey) -> None:
+        keys = self.by_pppd.get(pid, ())
+        if key not in keys:
+            self.by_pppd[pid] = keys + (key,)
             self.named.setdefault(pid, time.monotonic())
 
     def pppd_known(self, c: CallInfo) -> None:
         """``c``'s pppd pid was just set (it was None)."""
-        if self.get(c.call_id) is c and c.pppd_pid is not None:
-            self.no_pppd.discard(c.call_id)
-            self._link(c.pppd_pid, c.call_id)
+        key = c.ref()
+        if self.get(key) is c and c.pppd_pid is not None:
+            self.no_pppd.discard(key)
+            self._link(c.pppd_pid, key)
 
     def named_since(self, pid: int, t: float) -> bool:
         """A call named pppd ``pid`` at or after ``t`` (monotonic)."""
@@ -249,10 +265,10 @@ class Calls(Indexed[int, CallInfo]):
             self.named = {p: t for p, t in self.named.items() if t >= before}
 
     def of_pppd(self, pid: int) -> list[CallInfo]:
-        return [self[cid] for cid in self.by_pppd.get(pid, ())]
+        return [self[k] for k in self.by_pppd.get(pid, ())]
 
     def without_pppd(self) -> list[CallInfo]:
-        return [self[cid] for cid in self.no_pppd]
+        return [self[k] for k in self.no_pppd]
 
 
 class Instance:
@@ -274,8 +290,10 @@ class Instance:
         self.serial_anchor: Optional[tuple[int, int]] = None
         self.pending_argv: Optional[tuple[str, ...]] = None
         self.foreign_pids: set[int] = set()
-        self.last_lac_call: Optional[int] = None
+        self.last_lac_call: Optional[CallKey] = None
+        # the tunnel (its id and peer) whose calls a status dump lists next
         self.status_tunnel: Optional[int] = None
+        self.status_peer: Optional[str] = None
         # Later live tunnels given the id of one in `tunnels`, to another peer:
         # xl2tpd draws its tunnel ids at random and does not check them against
         # its live tunnels.  Kept apart, so that neither one's calls get the
@@ -351,7 +369,7 @@ class Tracker:
 
     def call_up(self, ins: Instance, c: CallInfo) -> list[Event]:
         """A new call in the model (from a log line, a status dump or the control pipe)."""
-        ins.calls[c.call_id] = c
+        ins.calls[c.ref()] = c
         return self._ev(lambda: CallUp(call=c.copy()))
 
     def tunnel_up(self, ins: Instance, t: TunnelInfo) -> list[Event]:
@@ -394,25 +412,25 @@ class Tracker:
                 others.remove(t)
             if not others:
                 del ins.clashes[tid]
-            gone = [c.call_id for c in ins.calls.values() if c.tunnel_id == tid and _in_tunnel(c, t)]
+            gone = [k for k, c in ins.calls.items() if c.tunnel_id == tid and _in_tunnel(c, t)]
         else:
             t = ins.tunnels.pop(tid, None)
             if t is None:
                 return []
-            gone = [c.call_id for c in ins.calls.values() if c.tunnel_id == tid]
+            gone = [k for k, c in ins.calls.items() if c.tunnel_id == tid]
         ev: list[Event] = []
-        for cid in gone:
-            ev += self.call_down(ins, cid, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
+        for k in gone:
+            ev += self.call_down(ins, k, f"tunnel {tid} closed" + (f": {reason}" if reason else ""))
         ev += self._ev(lambda: TunnelDown(tunnel=t, reason=reason))
         if tid not in ins.tunnels:
             ins.calling = [e for e in ins.calling if e[1] != tid]  # its calls will never be established
         return ev
 
-    def call_down(self, ins: Instance, cid: int, reason: str) -> list[Event]:
-        c = ins.calls.pop(cid, None)
+    def call_down(self, ins: Instance, key: CallKey, reason: str) -> list[Event]:
+        c = ins.calls.pop(key, None)
         if c is None:
             return []
-        if ins.last_lac_call == cid:
+        if ins.last_lac_call == key:
             ins.last_lac_call = None
         return self._ev(lambda: CallDown(call=c, reason=reason))
 
@@ -422,8 +440,8 @@ class Tracker:
         ev: list[Event] = []
         for tid in list(ins.tunnels):
             ev += self.tunnel_down(ins, tid, reason)
-        for cid in list(ins.calls):
-            ev += self.call_down(ins, cid, reason)
+        for k in list(ins.calls):
+            ev += self.call_down(ins, k, reason)
         return ev
 
     def update_call(self, c: CallInfo, **fields: object) -> list[Event]:
@@ -568,7 +586,8 @@ class Tracker:
         if tid is None:
             tid = self._tunnel_for_call(ins, rec.peer)
         t = ins.tunnel_to(tid, rec.peer) if tid is not None else None
-        old = ins.calls.get(rec.call_id)
+        key = CallKey(rec.peer, rec.call_id)
+        old = ins.calls.get(key)
         ev = []
         # xl2tpd's control pipe may list a call before its line is read:
         # that line completes the call, it does not reuse its id
@@ -582,7 +601,15 @@ class Tracker:
             # for a call whose pppd has not shown yet) is no id reuse
             return self._dispute(old, rec)
         if old is not None and not listed_first:
-            ev += self.call_down(ins, rec.call_id, "call id reused")
+            if tid is not None and old.tunnel_id not in (None, tid):
+                # two live tunnels to one address, each with a call of this id:
+                # the log names a call by id and address only, so the model
+                # holds one of them, the later (usual after a lost end line)
+                self.notes.append(
+                    f"{ins.name}: xl2tpd gave call id {rec.call_id} to calls on two tunnels to {rec.peer} "
+                    f"({old.tunnel_id} and {tid}): its log cannot tell them apart; the call on tunnel "
+                    f"{old.tunnel_id} is no longer followed")
+            ev += self.call_down(ins, key, "call id reused")
         elif old is not None and tid is None and old.tunnel_id is not None:
             # the line names only the address (several tunnels to it): the control pipe placed the call
             tid = old.tunnel_id
@@ -598,7 +625,7 @@ class Tracker:
         if rec.ts:
             c.since = rec.ts
         if role == "lac":
-            ins.last_lac_call = c.call_id
+            ins.last_lac_call = key
         return ev + self.call_up(ins, c)
 
     def _dispute(self, c: CallInfo, rec: lp.CallEstablished) -> list[Event]:
@@ -615,15 +642,16 @@ class Tracker:
         return self._ev(lambda: CallUpdated(call=c.copy(), fields=["disputed"]))
 
     def _on_status_tunnel(self, ins: Instance, instance: str, rec: lp.StatusTunnel, source: str) -> list[Event]:
-        ins.status_tunnel = rec.tunnel_id
+        ins.status_tunnel, ins.status_peer = rec.tunnel_id, rec.peer
         return self.tunnel_up(ins, TunnelInfo(
             instance=instance, section=rec.section, peer=rec.peer, peer_port=rec.port,
             tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source + ":status"]))
 
     def _on_status_call(self, ins: Instance, instance: str, rec: lp.StatusCall, source: str) -> list[Event]:
         tid = ins.status_tunnel
-        t = ins.tunnels.get(tid) if tid is not None else None
-        known = ins.calls.get(rec.call_id)
+        t = ins.tunnel_to(tid, ins.status_peer) if tid is not None else None
+        peer = t.peer if t is not None else ins.status_peer
+        known = ins.calls.get(CallKey(peer, rec.call_id)) if peer is not None else None
         if known is not None:
             return self.update_call(known, tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id if t else None,
                                     peer_port=t.peer_port if t else None, section=rec.section,
@@ -647,25 +675,39 @@ class Tracker:
         return self.tunnel_down(ins, rec.tunnel_id, "maximum retries exceeded")
 
     def _on_call_closed(self, ins: Instance, instance: str, rec: lp.CallClosed, source: str) -> list[Event]:
+        reason = rec.reason or "call closed"
+        if rec.call_id is not None and rec.peer is not None:
+            return self.call_down(ins, CallKey(rec.peer, rec.call_id), reason)
+        # the lines that name no address: a call they name by ids shared
+        # with another live call (ours or the peer's) is left to its other lines
         if rec.call_id is not None:
-            return self.call_down(ins, rec.call_id, rec.reason or "call closed")
-        if rec.peer_call_id is not None:
-            m = [c.call_id for c in ins.calls.values() if c.peer_call_id == rec.peer_call_id]
-            return self.call_down(ins, m[0], rec.reason) if len(m) == 1 else []
-        if rec.serial is not None:
-            m = [c.call_id for c in ins.calls.values() if c.serial == rec.serial and c.peer == rec.peer]
-            return self.call_down(ins, m[0], rec.reason or "call closed") if len(m) == 1 else []
-        return []
+            m = [k for k, c in ins.calls.items()
+                 if c.call_id == rec.call_id and rec.peer_call_id in (None, c.peer_call_id)]
+        elif rec.peer_call_id is not None:
+            m = [k for k, c in ins.calls.items() if c.peer_call_id == rec.peer_call_id]
+        elif rec.serial is not None:
+            m = [k for k, c in ins.calls.items() if c.serial == rec.serial and c.peer == rec.peer]
+        else:
+            return []
+        return self.call_down(ins, m[0], reason) if len(m) == 1 else []
 
     # ---- facts from other sources
-    def observe_pppd(self, instance: str, call_id: int, pid: int) -> list[Event]:
+    def find_call(self, instance: str, tunnel_id: int, call_id: int) -> Optional[CallInfo]:
+        """Call ``call_id`` of tunnel ``tunnel_id`` (the kernel's names for it)."""
+        ins = self.instances.get(instance)
+        if ins is None:
+            return None
+        found = (ins.calls.get(CallKey(t.peer, call_id)) for t in ins.with_id(tunnel_id))
+        return next((c for c in found if c is not None and c.tunnel_id in (None, tunnel_id)), None)
+
+    def observe_pppd(self, instance: str, key: CallKey, pid: int) -> list[Event]:
         ins = self.inst(instance)
-        c = ins.calls.get(call_id)
+        c = ins.calls.get(key)
         return self.update_call(c, pppd_pid=pid) if c else []
 
-    def observe_data_path(self, instance: str, call_id: int, path: DataPath) -> list[Event]:
+    def observe_data_path(self, instance: str, key: CallKey, path: DataPath) -> list[Event]:
         ins = self.inst(instance)
-        c = ins.calls.get(call_id)
+        c = ins.calls.get(key)
         if c is None or path == "unknown" or c.data_path == path:
             return []
         old = c.data_path

@@ -498,7 +498,10 @@ class OffloadService(Endings):
             self.save(now=False)
             # discovery would learn it from its next kernel dump: say it now (status, the next move)
             with self.watch.lock:
-                self.watch.discovery.tracker.observe_data_path(key[0], call_id, "userspace")
+                tracker = self.watch.discovery.tracker
+                call = tracker.find_call(key[0], key[1], call_id)
+                if call is not None:
+                    tracker.observe_data_path(call.instance, call.ref(), "userspace")
         self.write_saved()
 
     def _stale_session(self, ts: TunnelState, call_id: int) -> bool:

@@ -44,7 +44,7 @@ def srv(tmp_path):
     s = OffloadServer(str(tmp_path / "serve.sock"), d, NullBackend(), NullDataPath())
     s.channels = []
     for c in (call(1), call(2), call(3, tid=101, peer="192.0.2.8")):
-        d.tracker.inst("xl2tpd").calls[c.call_id] = c
+        d.tracker.inst("xl2tpd").calls[c.ref()] = c
     yield s
     for ts in s.service.tunnels.values():
         if ts.sock is not None:

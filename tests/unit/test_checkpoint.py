@@ -163,3 +163,17 @@ def test_a_checkpoint_is_used_only_when_it_is_this_boots_and_this_daemons(tmp_pa
     cp, warning = cpt.load(str(tmp_path / "link"))
     assert cp is None and "cannot read" in warning
     assert cpt.load(str(tmp_path / "missing.json")) == (None, None)
+
+
+def test_a_checkpoint_of_calls_keyed_by_id_alone_is_read():
+    """Before calls were keyed by address and id, a checkpoint named the
+    LAC's call waiting for its pppd argv by its id: read as that call's key
+    (the checkpoint format did not change)."""
+    from pipexctl.discovery.state import CallInfo, CallKey
+
+    call = CallInfo(instance="lac", role="lac", peer="10.99.1.1", tunnel_id=5, call_id=77)
+    old = cpt.InstanceState.model_validate({"name": "lac", "calls": [call.dump()], "last_lac_call": 77})
+    assert old.instance().last_lac_call == CallKey("10.99.1.1", 77)
+    ins = old.instance()
+    again = cpt.InstanceState.model_validate_json(cpt.InstanceState.of(ins).model_dump_json()).instance()
+    assert again.last_lac_call == ("10.99.1.1", 77) and list(again.calls) == [("10.99.1.1", 77)]

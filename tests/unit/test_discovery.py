@@ -364,7 +364,7 @@ def test_a_full_scan_reads_the_fds_only_of_pppds_whose_path_is_open(tmp_path):
     ins = d.tracker.inst(d.sources[0].name)
     ins.daemon_pid = 5
     for cid, pid, path in ((1, 10, "kernel"), (2, 11, "userspace")):
-        ins.calls[cid] = CallInfo(instance=ins.name, role="lns", peer="192.0.2.7", call_id=cid, pppd_pid=pid,
+        ins.calls["192.0.2.7", cid] = CallInfo(instance=ins.name, role="lns", peer="192.0.2.7", call_id=cid, pppd_pid=pid,
                                   data_path=path)
     want = d.scan_wanted()
     assert want["parents"] == {5}

@@ -20,7 +20,7 @@ from .conftest import call, offload, serving
 def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp_path):
     offload(srv, call(1))
     srv.service.refused("no_call", 5151)
-    c3 = srv.watch.discovery.tracker.inst("xl2tpd").calls[3]
+    c3 = srv.watch.discovery.tracker.inst("xl2tpd").calls["192.0.2.8", 3]
     c3.pppd_pid, c3.data_path = 5151, "userspace"
     with serving(srv):
         r = CliRunner().invoke(cli, ["status", "--socket", srv.socket_path, "--json"])
@@ -48,9 +48,9 @@ def test_status_and_discover_say_since_when_each_call_is_on_its_path(srv, tmp_pa
     t = time.time()
     offload(srv, call(1))
     tracker = srv.watch.discovery.tracker
-    c3 = tracker.inst("xl2tpd").calls[3]
+    c3 = tracker.inst("xl2tpd").calls["192.0.2.8", 3]
     c3.pppd_pid = 5151
-    tracker.observe_data_path("xl2tpd", 3, "userspace")  # kernel -> pty: a move back
+    tracker.observe_data_path("xl2tpd", c3.ref(), "userspace")  # kernel -> pty: a move back
     log = tmp_path / "xl2tpd.log"
     log.write_text("xl2tpd[100]: Connection established to 192.0.2.7, 1701.  Local: 100, Remote: 200 (ref=0/0).  "
                    "LNS session is 'default'\nxl2tpd[100]: Call established with 192.0.2.7, PID: 4242, Local: 1, "

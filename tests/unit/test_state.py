@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipexctl.discovery import logparse as lp
-from pipexctl.discovery.state import Tracker
+from pipexctl.discovery.state import CallKey, Tracker
 
 from .conftest import DATA, brief
 
@@ -104,7 +104,7 @@ def test_a_call_the_control_pipe_placed_keeps_its_tunnel_when_its_line_names_onl
     ev = [e for r in lp.parse_lines(["xl2tpd[1]: Call established with 10.0.0.2, PID: 99, Local: 100, Remote: 200, "
                                      "Serial: 1"]) for e in t.apply("x", r)]
     assert [e.event for e in ev] == ["CallUp"]
-    assert ins.calls[100].ids() == (7, 8, 100, 200, 1702) and ins.calls[100].pppd_pid == 99
+    assert ins.calls["10.0.0.2", 100].ids() == (7, 8, 100, 200, 1702) and ins.calls["10.0.0.2", 100].pppd_pid == 99
 
 
 CLASH = [  # boot 3 of the 2026-12-05 login storm: xl2tpd gave a second live tunnel the id 53805
@@ -125,19 +125,20 @@ def test_a_second_live_tunnel_with_one_id_keeps_its_own_peer_ids_and_end():
     t, ev = events("x", CLASH)
     assert [e.event for e in ev] == ["TunnelUp", "CallUp", "TunnelUp", "CallUp"]
     ins = t.instances["x"]
-    assert ins.calls[23002].ids()[:2] == (53805, 4761) and ins.calls[34008].ids()[:2] == (53805, 36725)
+    assert ins.calls["10.99.1.2", 23002].ids()[:2] == (53805, 4761)
+    assert ins.calls["10.99.58.2", 34008].ids()[:2] == (53805, 36725)
     assert sorted((x.peer, x.peer_tunnel_id) for x in t.tunnels()) == [("10.99.1.2", 4761), ("10.99.58.2", 36725)]
     assert any("second live tunnel" in n for n in t.notes), t.notes
     # an end that does not say which of the two it is ends neither
     assert [e for r in lp.parse_lines(["xl2tpd[9]: Maximum retries exceeded for tunnel 53805.  Closing."])
             for e in t.apply("x", r)] == []
-    assert set(ins.calls) == {23002, 34008}
+    assert {k.call_id for k in ins.calls} == {23002, 34008}
     # the first one ends: the second is the id's tunnel now, its call untouched
     ev = [e for r in lp.parse_lines(["xl2tpd[9]: control_finish: Connection closed to 10.99.1.2, port 1701 "
                                      "(Goodbye!), Local: 53805, Remote: 4761"]) for e in t.apply("x", r)]
     assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
         ("CallDown", "10.99.1.2"), ("TunnelDown", "10.99.1.2")]
-    assert set(ins.calls) == {34008} and ins.tunnels[53805].peer_tunnel_id == 36725 and not ins.clashes
+    assert {k.call_id for k in ins.calls} == {34008} and ins.tunnels[53805].peer_tunnel_id == 36725 and not ins.clashes
     ev = [e for r in lp.parse_lines(["xl2tpd[9]: Maximum retries exceeded for tunnel 53805.  Closing."])
           for e in t.apply("x", r)]
     assert [e.event for e in ev] == ["CallDown", "TunnelDown"] and not ins.calls and not ins.tunnels
@@ -149,7 +150,7 @@ def test_the_second_of_two_live_tunnels_with_one_id_ends_alone():
     ev = [e for r in lp.parse_lines(["xl2tpd[9]: control_finish: Connection closed to 10.99.58.2, port 1701 "
                                      "(Goodbye!), Local: 53805, Remote: 36725"]) for e in t.apply("x", r)]
     assert [e.event for e in ev] == ["CallDown", "TunnelDown"] and ev[0].call.call_id == 34008
-    assert set(ins.calls) == {23002} and ins.tunnels[53805].peer == "10.99.1.2" and not ins.clashes
+    assert {k.call_id for k in ins.calls} == {23002} and ins.tunnels[53805].peer == "10.99.1.2" and not ins.clashes
 
 
 CONCURRENT_LAC = """\
@@ -236,10 +237,10 @@ def test_calls_by_pppd_pid_follow_every_change():
             if op in ("up", "up-no-pid"):
                 t.call_up(ins, CallInfo(instance=name, role="lns", peer="192.0.2.1", call_id=cid,
                                         pppd_pid=pid if op == "up" else None))
-            elif op == "pid" and cid in ins.calls:
-                t.update_call(ins.calls[cid], pppd_pid=pid)
+            elif op == "pid" and ("192.0.2.1", cid) in ins.calls:
+                t.update_call(ins.calls["192.0.2.1", cid], pppd_pid=pid)
             elif op == "down":
-                t.call_down(ins, cid, "gone")
+                t.call_down(ins, CallKey("192.0.2.1", cid), "gone")
             elif op == "restore":
                 t.instances[name] = checkpoint.InstanceState.of(ins).instance()
             for p in range(100, 104):
@@ -283,3 +284,90 @@ def test_a_records_copy_equals_a_deep_copy_and_later_changes_do_not_reach_it():
         assert c.copy(tunnel_id=9).tunnel_id == 9 and c.tunnel_id == tid
 
     run()
+
+
+# Two LACs, one LNS: xl2tpd gave both calls our call id 7777 (it draws call
+# ids at random and does not check them against its live calls)
+SHARED_CALL_ID = [
+    "xl2tpd[9]: Connection established to 10.99.1.2, 1701.  Local: 101, Remote: 201 (ref=0/0).  "
+    "LNS session is 'default'",
+    "xl2tpd[9]: Call established with 10.99.1.2, PID: 501, Local: 7777, Remote: 301, Serial: 1",
+    "xl2tpd[9]: Connection established to 10.99.2.2, 1701.  Local: 102, Remote: 202 (ref=0/0).  "
+    "LNS session is 'default'",
+    "xl2tpd[9]: Call established with 10.99.2.2, PID: 502, Local: 7777, Remote: 302, Serial: 1",
+]
+
+
+def test_two_live_calls_with_one_call_id_on_two_peers_are_both_followed():
+    """The second call's line no longer ends the first (its pppd was then
+    refused: "no call names this pid"); each end line, which names the call
+    by id and address, ends its own call only."""
+    t, ev = events("x", SHARED_CALL_ID)
+    assert [e.event for e in ev] == ["TunnelUp", "CallUp", "TunnelUp", "CallUp"]
+    assert sorted(c.ids() for c in t.calls()) == [(101, 201, 7777, 301, 1701), (102, 202, 7777, 302, 1701)]
+    assert [c.tunnel_id for c in t.calls_of_pppd(501)] == [101] and [c.tunnel_id for c in t.calls_of_pppd(502)] == [102]
+    assert t.find_call("x", 102, 7777).pppd_pid == 502 and t.find_call("x", 103, 7777) is None
+    ev = [e for r in lp.parse_lines(["xl2tpd[9]: call_close: Call 7777 to 10.99.1.2 disconnected"])
+          for e in t.apply("x", r)]
+    assert [(e.event, e.call.pppd_pid) for e in ev] == [("CallDown", 501)]
+    assert [c.pppd_pid for c in t.calls()] == [502] and t.calls_of_pppd(501) == []
+    # a line that names neither address nor tunnel, with ids two calls share, ends none
+    t, _ = events("x", SHARED_CALL_ID[:3] + [SHARED_CALL_ID[3].replace("Remote: 302", "Remote: 301")])
+    ev = [e for r in lp.parse_lines(["xl2tpd[9]: child_handler : pppd exited for call 301 with code 16"])
+          for e in t.apply("x", r)]
+    assert ev == [] and len(t.calls()) == 2
+
+
+def test_a_status_dump_places_each_of_two_calls_with_one_id_in_its_own_tunnel():
+    """xl2tpd's status dump (SIGUSR1) lists each tunnel, then its calls."""
+    t, _ = events("x", [SHARED_CALL_ID[0], SHARED_CALL_ID[2]])
+    recs = lp.parse_lines([
+        "xl2tpd[9]: Tunnel default, ID = 101 (local), 201 (remote) to 10.99.1.2:1701, control_seq_num = 2, "
+        "control_rec_seq_num = 4, cLr = 2, call count = 1 ref=0/refhim=0",
+        "xl2tpd[9]: Call default # 1, ID = 7777 (local), 301 (remote), serno = 1, data_seq_num = 9, "
+        "data_rec_seq_num = 0, pLr = 8, tx = 273 bytes (9), rx= 173 bytes (8)",
+        "xl2tpd[9]: Tunnel default, ID = 102 (local), 202 (remote) to 10.99.2.2:1701, control_seq_num = 2, "
+        "control_rec_seq_num = 4, cLr = 2, call count = 1 ref=0/refhim=0",
+        "xl2tpd[9]: Call default # 1, ID = 7777 (local), 302 (remote), serno = 1, data_seq_num = 9, "
+        "data_rec_seq_num = 0, pLr = 8, tx = 273 bytes (9), rx= 173 bytes (8)",
+    ])
+    assert [type(r).__name__ for r in recs] == ["StatusTunnel", "StatusCall"] * 2
+    ev = [e for r in recs for e in t.apply("x", r)]
+    assert [e.event for e in ev] == ["CallUp", "CallUp"]
+    assert sorted(c.ids() for c in t.calls()) == [(101, 201, 7777, 301, 1701), (102, 202, 7777, 302, 1701)]
+
+
+def test_two_calls_with_one_id_on_two_tunnels_to_one_address_keep_the_later_and_say_so():
+    """The log names a call by id and address only: the model holds one of
+    them (the later), and a note says which call is no longer followed."""
+    lines = [
+        "xl2tpd[9]: Connection established to 10.99.1.2, 1701.  Local: 101, Remote: 201 (ref=0/0).  "
+        "LNS session is 'default'",
+        "xl2tpd[9]: Connection established to 10.99.1.2, 1702.  Local: 102, Remote: 202 (ref=0/0).  "
+        "LNS session is 'default'",
+        "xl2tpd[9]: start_pppd: I'm running: ",
+        'xl2tpd[9]: "/usr/sbin/pppd" ',
+        'xl2tpd[9]: "plugin" ',
+        'xl2tpd[9]: "pppol2tp.so" ',
+        'xl2tpd[9]: "pppol2tp" ',
+        'xl2tpd[9]: "7" ',
+        'xl2tpd[9]: "pppol2tp_tunnel_id" ',
+        'xl2tpd[9]: "101" ',
+        'xl2tpd[9]: "pppol2tp_session_id" ',
+        'xl2tpd[9]: "7777" ',
+        "xl2tpd[9]: Call established with 10.99.1.2, PID: 501, Local: 7777, Remote: 301, Serial: 1",
+        "xl2tpd[9]: start_pppd: I'm running: ",
+        'xl2tpd[9]: "/usr/sbin/pppd" ',
+        'xl2tpd[9]: "plugin" ',
+        'xl2tpd[9]: "pppol2tp.so" ',
+        'xl2tpd[9]: "pppol2tp" ',
+        'xl2tpd[9]: "8" ',
+        'xl2tpd[9]: "pppol2tp_tunnel_id" ',
+        'xl2tpd[9]: "102" ',
+        'xl2tpd[9]: "pppol2tp_session_id" ',
+        'xl2tpd[9]: "7777" ',
+        "xl2tpd[9]: Call established with 10.99.1.2, PID: 502, Local: 7777, Remote: 302, Serial: 2",
+    ]
+    t, ev = events("x", lines)
+    assert [(c.tunnel_id, c.pppd_pid) for c in t.calls()] == [(102, 502)], (ev, t.calls())
+    assert any("two tunnels to 10.99.1.2 (101 and 102)" in n for n in t.notes), t.notes

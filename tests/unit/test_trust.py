@@ -748,7 +748,7 @@ def test_the_control_pipe_ends_one_of_two_tunnels_with_one_id_by_its_peer_tunnel
     d.sources[0].control = ListingControl([old, new])
     ev = d.apply_control(d.fetch_control())
     assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
-    assert d.listed_by_control(d.tracker.instances[str(log)].calls[34008], float("-inf")) is True
+    assert d.listed_by_control(d.tracker.instances[str(log)].calls["10.99.58.2", 34008], float("-inf")) is True
     d.sources[0].control = ListingControl([new])
     ev = d.apply_control(d.fetch_control())
     assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
@@ -839,11 +839,11 @@ def test_several_xl2tpd_in_one_stream_keep_their_own_calls_and_the_control_pipe_
 
     try:
         d.poll(reconcile=False)
-        assert sorted(c.key() for c in d.tracker.calls()) == [(name, 50), (f"{name}@147", 100)]
+        assert sorted((c.instance, c.call_id) for c in d.tracker.calls()) == [(name, 50), (f"{name}@147", 100)]
         d._reconcile_proc(scanned())
         d._reconcile_control()
         # the answer (tunnel 28398, call 100) went to pid 147's instance: pid 200's tunnel 5 and call 50 stay
-        assert sorted(c.key() for c in d.tracker.calls()) == [(name, 50), (f"{name}@147", 100)]
+        assert sorted((c.instance, c.call_id) for c in d.tracker.calls()) == [(name, 50), (f"{name}@147", 100)]
         assert sorted(t.key() for t in d.tracker.tunnels()) == [(name, 5), (f"{name}@147", 28398)]
         assert d.has_control(f"{name}@147") and not d.has_control(name)
         (c100,) = [c for c in d.tracker.calls() if c.call_id == 100]
@@ -854,21 +854,21 @@ def test_several_xl2tpd_in_one_stream_keep_their_own_calls_and_the_control_pipe_
         ev = d._reconcile_proc(scanned())
         assert sorted((e.event, e.call.call_id) for e in ev if e.event == "CallDown") == [("CallDown", 50)]
         assert d._reconcile_control() == [] and d.has_control(f"{name}@147") and not d.has_control(name)
-        assert sorted(c.key() for c in d.tracker.calls()) == [(f"{name}@147", 100)]
+        assert sorted((c.instance, c.call_id) for c in d.tracker.calls()) == [(f"{name}@147", 100)]
         # a new xl2tpd (pid 201) takes the stream's first name; pid 147's lines still go to its own
         alive.add(201)
         with log.open("a") as f:
             f.write("xl2tpd[201]: Call established with 10.99.9.9, PID: 2001, Local: 60, Remote: 61, Serial: 1\n"
                     "xl2tpd[147]: Call established with 10.99.1.2, PID: 556, Local: 101, Remote: 102, Serial: 2\n")
         d.poll(reconcile=False)
-        assert sorted(c.key() for c in d.tracker.calls()) == [(name, 60), (f"{name}@147", 100),
+        assert sorted((c.instance, c.call_id) for c in d.tracker.calls()) == [(name, 60), (f"{name}@147", 100),
                                                               (f"{name}@147", 101)]
         # pid 147 exits: its instance goes, with its calls and its tunnel; pid 201's call stays
         alive.discard(147)
         stub.calls = []
         ev = d._reconcile_proc(scanned())
         assert sorted(e.call.call_id for e in ev if e.event == "CallDown") == [100, 101]
-        assert [c.key() for c in d.tracker.calls()] == [(name, 60)] and f"{name}@147" not in d.tracker.instances
+        assert [(c.instance, c.call_id) for c in d.tracker.calls()] == [(name, 60)] and f"{name}@147" not in d.tracker.instances
         # a second xl2tpd that logs its own exit: its instance goes at the next scan
         alive.add(202)
         with log.open("a") as f:

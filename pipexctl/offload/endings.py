@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import errors
 from ..discovery.state import CallDown, Event, TunnelDown
+from .ptys import call_key
 
 if TYPE_CHECKING:
     from ..orchestrator import Orchestrator
@@ -53,7 +54,7 @@ class Endings:
         if rec is None:
             return
         self.exits.unwatch(rec.pppd_pid)
-        self.ptys.release((ts.instance, call_id))
+        self.ptys.release(call_key(ts.instance, ts.tunnel_id, call_id))
         if delete:
             self.gone_ok(lambda: self.orch.delete_session(ts.tunnel_id, call_id))
         self.stats["removed"] += 1
@@ -76,7 +77,7 @@ class Endings:
         if ts is None:
             return
         for cid, rec in ts.records.items():
-            self.ptys.release((ts.instance, cid))
+            self.ptys.release(call_key(ts.instance, ts.tunnel_id, cid))
             self.exits.unwatch(rec.pppd_pid)
         ts.records.clear()
         if ts.xl2tpd_pid is not None:
@@ -121,7 +122,8 @@ class Endings:
             ts = self.tunnels.get((e.call.instance, tid)) if tid is not None else None
             rec = ts.records.get(e.call.call_id) if ts else None
             if ts is None or rec is None:
-                self.ptys.release((e.call.instance, e.call.call_id))
+                if ts is not None:
+                    self.ptys.release(call_key(ts.instance, ts.tunnel_id, e.call.call_id))
                 return
             if e.call.pppd_pid and rec.pppd_pid != e.call.pppd_pid:
                 # the end of an earlier call with this id (xl2tpd reused it and

@@ -24,8 +24,14 @@ from typing import Hashable, Optional
 log = logging.getLogger("pipexctl.serve")
 
 
+def call_key(instance: str, tunnel_id: int, call_id: int) -> tuple[str, int, int]:
+    """A call's pty's key: xl2tpd gives one call id to calls on two tunnels
+    at times (it draws ids at random), so the id alone does not name a call."""
+    return (instance, tunnel_id, call_id)
+
+
 def _name(key: Hashable) -> str:
-    """A held pty's key for the log: the call id of an (instance, call id) key."""
+    """A held pty's key for the log: the call id of a ``call_key``."""
     return f"call {key[-1]}" if isinstance(key, tuple) and key else repr(key)
 
 

@@ -19,6 +19,7 @@ from .. import errors
 from ..discovery import procscan
 from ..kernel.pppol2tp import take_udp_socket
 from . import statefile
+from .ptys import call_key
 from .service import OffloadService, TunnelState
 from .statefile import SessionRecord
 
@@ -54,12 +55,12 @@ def _alive(instance: str, tunnel_id: int, call_id: int, pid: int) -> bool:
     return procscan.runs(pid, "pppd")
 
 
-def _rehold_pty(svc: OffloadService, instance: str, s: SessionRecord) -> None:
+def _rehold_pty(svc: OffloadService, instance: str, tunnel_id: int, s: SessionRecord) -> None:
     """Hold an adopted call's pty slave again (by its recorded path).
 
     Only for a call just found alive with its pppd: xl2tpd still holds the
     master, so the path still names this call's pty."""
-    if not s.pty or svc.ptys.held((instance, s.call_id)) is not None:
+    if not s.pty or svc.ptys.held(call_key(instance, tunnel_id, s.call_id)) is not None:
         return
     try:
         fd = os.open(s.pty, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
@@ -69,7 +70,7 @@ def _rehold_pty(svc: OffloadService, instance: str, s: SessionRecord) -> None:
     if not os.isatty(fd):
         os.close(fd)
         return
-    svc.ptys.hold((instance, s.call_id), fd)
+    svc.ptys.hold(call_key(instance, tunnel_id, s.call_id), fd)
 
 
 def reconcile(svc: OffloadService) -> dict[str, Any]:
@@ -105,7 +106,7 @@ def reconcile(svc: OffloadService) -> dict[str, Any]:
         if ts.xl2tpd_pid is not None:
             svc.exits.watch(ts.xl2tpd_pid)
         for r in rec.sessions:
-            _rehold_pty(svc, rec.instance, r)
+            _rehold_pty(svc, rec.instance, rec.tunnel_id, r)
             svc.exits.watch(r.pppd_pid)
             ts.records[r.call_id] = r
         svc.tunnels[(rec.instance, rec.tunnel_id)] = ts

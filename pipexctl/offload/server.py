@@ -42,6 +42,7 @@ from . import paths, reconcile, sdnotify
 from .datapath import DataPath
 from .links import Links
 from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, Request, is_ack, parse_request, reply
+from .ptys import call_key
 from .service import OffloadService
 from .watch import CallWatch, FdEvent
 
@@ -488,7 +489,7 @@ class OffloadServer:
 
         timing: dict[str, float] = {}
         try:
-            ch, _ = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing, moved=move,
+            ch, meta = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing, moved=move,
                                 unit=unit)
         except (errors.PipexError, OSError) as e:
             svc.failed(e, pid)
@@ -509,5 +510,5 @@ class OffloadServer:
                                     "PPPD_PID": pid, "EVENT": "moved" if move else "offloaded"}})
         if pty is None:
             return False
-        svc.ptys.hold((call.instance, call.call_id), pty)
+        svc.ptys.hold(call_key(call.instance, int(meta["tunnel_id"]), call.call_id), pty)
         return True

@@ -757,6 +757,29 @@ def test_the_control_pipe_ends_one_of_two_tunnels_with_one_id_by_its_peer_tunnel
     d.close()
 
 
+def test_the_control_pipe_keeps_two_calls_with_one_id_and_ends_the_one_it_no_longer_lists(tmp_path):
+    """xl2tpd gave call id 7777 to a call in each of two tunnels: an answer
+    that lists both ends neither; one that lists only the second tunnel
+    ends the first tunnel's call, not the second's."""
+    from .test_state import SHARED_CALL_ID
+
+    log = tmp_path / "syslog"
+    log.write_text("\n".join(SHARED_CALL_ID) + "\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.poll(reconcile=False)
+    first, second = (101, 201, "10.99.1.2", [7777]), (102, 202, "10.99.2.2", [7777])
+    d.sources[0].control = ListingControl([first, second])
+    ev = d.apply_control(d.fetch_control())
+    assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
+    assert len(d.tracker.calls()) == 2
+    d.sources[0].control = ListingControl([second])
+    ev = d.apply_control(d.fetch_control())
+    assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
+        ("CallDown", "10.99.1.2"), ("TunnelDown", "10.99.1.2")], ev
+    assert [(c.tunnel_id, c.call_id) for c in d.tracker.calls()] == [(102, 7777)]
+    d.close()
+
+
 SAME_PEER_ID = [  # boot 4 of the 2026-12-05 login storm: two LACs picked the peer tunnel id 13379
     "xl2tpd[9]: Connection established to 10.99.68.2, 1701.  Local: 50060, Remote: 13379 (ref=0/0).  "
     "LNS session is 'default'",

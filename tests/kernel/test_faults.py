@@ -146,3 +146,78 @@ def test_reused_session_and_tunnel_ids_are_offloaded(tmp_path):
         assert "already offloaded" not in (lab.lns.dir / "serve.log").read_text()
     finally:
         lab.teardown()
+
+
+# rand() of the LNS's xl2tpd (`rand source = sys` draws its ids from it, a
+# byte per call): the values of $PX_RAND in order, then libc's own
+LISTED_RAND = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+static int drawn;
+int rand(void) {
+    const char *s = getenv("PX_RAND");
+    for (int i = 0; s && *s; i++) {
+        char *end;
+        long v = strtol(s, &end, 0);
+        if (i == drawn) { drawn++; return (int)v; }
+        s = *end ? end + 1 : end;
+    }
+    drawn++;
+    int (*real)(void) = (int (*)(void))dlsym(RTLD_NEXT, "rand");
+    return real();
+}
+"""
+
+
+@pytest.mark.one_debian("xl2tpd's ids and the daemon's model of them; the kernel objects are test_offload's on both")
+def test_two_live_calls_with_one_call_id_on_two_tunnels_are_both_offloaded(tmp_path):
+    """xl2tpd draws a call id at random and does not check it against its
+    live calls (L2TPv2 scopes it to the tunnel): in a login storm of 1,000
+    calls about 8 pairs share one.  Here the LNS's draws are set: two LACs
+    dial one after the other and get tunnels 0x1001 and 0x1002 with call
+    0x3535 in each.  The LNS daemon starts once both calls run on their
+    ptys; the plugins ask it to move them in.  Both are moved into the
+    kernel (the model once kept only the later one, and its pppd alone was
+    answered), and one call's end takes only its own session.  (A moved
+    call keeps its pty in its pppd; the daemon's pty of a call offloaded at
+    its start is keyed by tunnel too: tests/unit/test_serve.py.)"""
+    src, so = tmp_path / "listedrand.c", tmp_path / "listedrand.so"
+    src.write_text(LISTED_RAND)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(src), "-ldl"], check=True)
+    # per tunnel: two bytes of its id, then two draws of its tie breaker; per call: two bytes of its id
+    draws = "0x01,0x10,0,0,0x35,0x35,0x02,0x10,0,0,0x35,0x35"
+    lab = Lab(kernel_mode=False, lns_global="rand source = sys\n",
+              lns_env={"LD_PRELOAD": str(so), "PX_RAND": draws}).setup(2)
+    try:
+        lab.start_all(plugin_options(required=False) + PATIENT)
+        l1, l2 = lab.lacs
+        lab.serve_all([l1, l2])
+        for lac in (l1, l2):
+            lab.connect(lac, timeout=60)
+            wait_until(lambda: len(ppp_inet_links(lab.lns.ns)) == lab.lacs.index(lac) + 1,
+                       f"{lac.name}'s call up on its pty", timeout=90, detail=lab.tails)
+        assert objects(lab.lns.ns)["sessions"] == 0
+        srv = lab.serve(lab.lns)
+        wait_until(lambda: objects(lab.lns.ns)["sessions"] == 2, "both calls moved into the LNS's kernel",
+                   timeout=90, detail=lab.tails)
+        sessions = sorted((s["tunnel_id"], s["session_id"]) for s in ip_l2tp(lab.lns.ns, "session"))
+        assert sessions == [(0x1001, 0x3535), (0x1002, 0x3535)], sessions
+        by_tunnel = {s["tunnel_id"]: s for s in ip_l2tp(lab.lns.ns, "session")}
+        for lac, tid in ((l1, 0x1001), (l2, 0x1002)):
+            (lac_s,) = ip_l2tp(lac.ns, "session")
+            assert (by_tunnel[tid]["peer_tunnel_id"], by_tunnel[tid]["peer_session_id"]) == \
+                (lac_s["tunnel_id"], lac_s["session_id"]), (lac.name, by_tunnel, lac_s)
+        ping_all(lab.lns.ns, lab.lns.ns)
+        log = (lab.lns.dir / "serve.log").read_text()
+        assert "no call names" not in log and "reused" not in log, log[-3000:]
+        lab.disconnect(l1)
+        wait_until(lambda: [s["tunnel_id"] for s in ip_l2tp(lab.lns.ns, "session")] == [0x1002],
+                   "only l1's session gone", timeout=60, detail=lab.tails)
+        ping_all(l2.ns, l2.ns)
+        lab.disconnect(l2)
+        wait_until(lambda: objects(lab.lns.ns) == offloaded(0) and not lab.pppds(lab.lns),
+                   "everything gone after the hang-ups", timeout=90, detail=lab.tails)
+        assert srv.poll() is None
+    finally:
+        lab.teardown()

@@ -368,7 +368,7 @@ class Discovery:
             ctl = ControlClient(controls[i]) if i < len(controls) else None
             # the journal's trusted _PID needs no barrier (and a journalctl filter would not show ours)
             bar = LogBarrier(barrier_socket) if barrier_socket and ctl and isinstance(reader, LogFile) else None
-            self.sources.append(Source(spec, reader, lp.LineParser(identifier), ctl, bar))
+            self.sources.append(Source(spec, reader, lp.LineParser(identifier, isinstance(reader, Journal)), ctl, bar))
         for spec in controls[len(logs):]:  # control pipes without a log
             self.sources.append(Source(f"control:{spec}", None, lp.LineParser(identifier), ControlClient(spec)))
         self._backend: Optional[NetlinkBackend] = None
@@ -502,6 +502,12 @@ class Discovery:
         if s.barrier is not None and s.barrier.note:
             self.warnings.append(f"{s.name}: {s.barrier.note}")
             s.barrier.note = None
+
+    def authenticated(self, instance: str) -> bool:
+        """``instance``'s lines come from the journal, each with the pid the
+        kernel gave journald for its sender: no local user can write one as
+        that xl2tpd, and a peer's text stays inside one of its entries."""
+        return any(isinstance(s.reader, Journal) and _of_source(instance, s) for s in self.sources)
 
     def has_control(self, instance: str) -> bool:
         return any(s.control is not None and self._control_instance(s).name == instance for s in self.sources)

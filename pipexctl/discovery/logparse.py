@@ -460,15 +460,19 @@ def _pid(v: object) -> Optional[int]:
 PID_MAX = 4194304  # the kernel's PID_MAX_LIMIT on 64-bit
 
 
-def split_framing(line: str, identifier: str = "xl2tpd") -> tuple[Optional[int], Optional[str], Optional[float]]:
-    """(pid, message, timestamp) of one raw line; message None if it is not xl2tpd's."""
+def split_framing(line: str, identifier: str = "xl2tpd",
+                  journal: bool = False) -> tuple[Optional[int], Optional[str], Optional[float]]:
+    """(pid, message, timestamp) of one raw line; message None if it is not
+    xl2tpd's.  ``journal``: the line is an entry journalctl gave, read only
+    with journald's trusted ``_PID`` (locally it always has one; an entry
+    without one came from elsewhere, and its SYSLOG_PID is anybody's word)."""
     line = line.rstrip("\r\n")
     if line.startswith("{"):
         try:
             obj = json.loads(line)
         except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
             return None, None, None
-        if not isinstance(obj, dict):
+        if not isinstance(obj, dict) or journal and "_PID" not in obj:
             return None, None, None
         # journald's own fields (leading "_") come from the sender's kernel
         # credentials; SYSLOG_IDENTIFIER and SYSLOG_PID are whatever the
@@ -510,8 +514,9 @@ def split_framing(line: str, identifier: str = "xl2tpd") -> tuple[Optional[int],
 class LineParser:
     """Stateful parser of one log stream (pppd argv spans several lines)."""
 
-    def __init__(self, identifier: str = "xl2tpd") -> None:
+    def __init__(self, identifier: str = "xl2tpd", journal: bool = False) -> None:
         self.identifier = identifier
+        self.journal = journal  # lines are journalctl's entries (split_framing)
         self._argv: Optional[list[str]] = None
         self._argv_pid: Optional[int] = None
         self.last_pid: Optional[int] = None
@@ -541,7 +546,7 @@ class LineParser:
 
     def _feed(self, raw: str) -> list[Record]:
         self.lines += 1
-        pid, msg, ts = split_framing(raw, self.identifier)
+        pid, msg, ts = split_framing(raw, self.identifier, self.journal)
         if msg is None:
             return []
         pid_for_split: Optional[int]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from _typeshed import HasFileno
 
 log = logging.getLogger("pipexctl.serve")
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _argv_disagrees(pid: int, call: CallInfo) -> str:
@@ -239,7 +240,8 @@ class CallWatch:
             self._refute(refuted, pid, [c for c in claims if not self._of_parent(c, xl2tpd_pid)],
                          "but that xl2tpd is not its parent")
             claims = [c for c in claims if self._of_parent(c, xl2tpd_pid)]
-            verdict = {id(c): self._listed(c, since) for c in claims}
+            verdict = {id(c): True if len(claims) == 1 and self._own_entry(c, proc, xl2tpd_pid)
+                       else self._listed(c, since) for c in claims}
             # a line naming a call xl2tpd does not list is a forged one: passed over
             self._refute(refuted, pid, [c for c in claims if verdict[id(c)] is False])
             claims = [c for c in claims if verdict[id(c)] is not False]
@@ -377,6 +379,23 @@ class CallWatch:
         ins = self.discovery.tracker.instances.get(c.instance)
         known = ins.daemon_pid if ins is not None else None
         return xl2tpd_pid is None or known is None or known == xl2tpd_pid
+
+    def _own_entry(self, c: CallInfo, proc: Optional[procscan.Proc], xl2tpd_pid: Optional[int]) -> bool:
+        """Claim ``c`` is an LNS call from a journal entry that names pppd
+        ``proc`` and that its parent xl2tpd sent (by the kernel's word)
+        after that pppd's fork: xl2tpd's own word, which its control pipe
+        would only repeat.  The pipe is still asked for every other claim,
+        and when two claims name one pppd."""
+        if (c.role != "lns" or c.sources[:1] != ["log"] or proc is None or c.pppd_pid != proc.pid
+                or xl2tpd_pid is None or not self.discovery.authenticated(c.instance)):
+            return False
+        ins = self.discovery.tracker.instances.get(c.instance)
+        if ins is None or ins.daemon_pid != xl2tpd_pid:
+            return False
+        # an earlier pppd's entry with this pid is older than this one's fork
+        # (journald stamps an entry on receipt; the fork is known to a tick)
+        forked = time.time() - (time.monotonic() - procscan.started(proc)) - 2 / _CLK_TCK
+        return c.since >= forked
 
     def _listed(self, c: CallInfo, since: float) -> Optional[bool]:
         """The control pipe's word on claim ``c``, whatever role the log

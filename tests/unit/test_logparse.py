@@ -241,8 +241,8 @@ def test_a_line_the_parser_fails_on_is_malformed_and_the_next_lines_are_read(mon
     """Whatever a line makes the parser raise, it is one Malformed record:
     the lines after it are parsed as ever."""
     real = lp.split_framing
-    monkeypatch.setattr(lp, "split_framing", lambda raw, ident="xl2tpd": (
-        (_ for _ in ()).throw(RuntimeError("a parser bug")) if "BOOM" in raw else real(raw, ident)))
+    monkeypatch.setattr(lp, "split_framing", lambda raw, ident="xl2tpd", journal=False: (
+        (_ for _ in ()).throw(RuntimeError("a parser bug")) if "BOOM" in raw else real(raw, ident, journal)))
     p = lp.LineParser()
     (bad,) = p.feed("xl2tpd[147]: BOOM")
     assert isinstance(bad, lp.Malformed) and "RuntimeError" in bad.why and p.malformed == 1

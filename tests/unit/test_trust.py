@@ -7,6 +7,7 @@ same attacks against real xl2tpd, pppd and kernel (tests/kernel/test_trust.py)."
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -1173,3 +1174,60 @@ def test_the_system_xl2tpd_run_by_another_user_is_not_a_daemon(monkeypatch):
     for ids, daemon in (((0, 0, 0, 0), True), ((65534,) * 4, False), ((1000, 0, 0, 0), False), (None, False)):
         monkeypatch.setattr(procscan, "uids", lambda pid, ids=ids: ids)
         assert procscan.is_daemon(4242) is daemon, ids
+
+
+def _journal_entries(entries, tmp_path, monkeypatch):
+    """A stand-in journalctl that prints ``entries`` (journal JSON) once."""
+    data = tmp_path / "entries.json"
+    data.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    fake = tmp_path / "journalctl"
+    fake.write_text(f"#!/bin/sh\ncat {data}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def _entry(msg, at, pid="147"):
+    return {"MESSAGE": msg, "_COMM": "xl2tpd", "_EXE": "/usr/sbin/xl2tpd", "_PID": pid,
+            "__REALTIME_TIMESTAMP": str(int(at * 1e6))}
+
+
+@pytest.mark.parametrize("case", ["journal", "entry-before-the-fork", "no-trusted-pid", "file"])
+def test_an_lns_calls_own_journal_entry_needs_no_control_pipe_answer(tmp_path, monkeypatch, case):
+    """In the journal, the kernel names each entry's sender: an LNS call
+    whose entry its pppd's parent xl2tpd sent after that pppd's fork is
+    offloaded on it, with no question to the control pipe (which here
+    would deny it).  An entry older than the fork (another pppd's, of a
+    reused pid) and the same line in a file are checked against the
+    control pipe as before, and refused; an entry without journald's _PID
+    is not read."""
+    from pipexctl.offload.watch import CallWatch
+
+    pppd = _pppd_for()
+    try:
+        at = time.time() - (60 if case == "entry-before-the-fork" else 0)
+        tunnel, call = _call_lines(pppd.pid, 100).splitlines()
+        entries = [_entry(line.split(": ", 1)[1], at) for line in (tunnel, call)]
+        if case == "no-trusted-pid":
+            entries = [{**e, "SYSLOG_PID": "147"} for e in entries]
+            for e in entries:
+                del e["_PID"]
+        _journal_entries(entries, tmp_path, monkeypatch)
+        if case == "file":
+            (tmp_path / "xl2tpd.log").write_text(f"{tunnel}\n{call}\n")
+        d = Discovery([str(tmp_path / "xl2tpd.log") if case == "file" else "journal-id:xl2tpd"],
+                      proc=False, kernel=False)
+        d.refresh(events=False)
+        d.tracker.inst(d.sources[0].name).daemon_pid = 147  # what a /proc scan says of the real xl2tpd
+        w = CallWatch(d)
+        stub = _with_control(w, StubControl([]))  # lists no call: a checked claim is refused
+        call_, why = w.call_of(pppd.pid, 1.0, xl2tpd_pid=147)
+        if case == "journal":
+            assert call_ is not None and call_.call_id == 100 and stub.asked == 0, why
+        elif case == "no-trusted-pid":  # not read at all
+            assert call_ is None and why == "no call names this pid" and d.tracker.calls() == [], why
+        else:
+            assert call_ is None and stub.asked >= 1 and "does not list it" in why, why
+        d.close()
+    finally:
+        pppd.kill()
+        pppd.wait()

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipexctl import netns  # noqa: E402
 from pipexctl.discovery import udpdrops  # noqa: E402
-from pipexctl.testing.lab import Lab, kernel_objects, plugin_options, syslogd  # noqa: E402
+from pipexctl.testing.lab import Lab, journal_copy, kernel_objects, plugin_options, syslogd  # noqa: E402
 from pipexctl.testing.probe import cpu_jiffies, memory_kib, ppp_inet_links, process_jiffies  # noqa: E402
 
 SAMPLER = Path(__file__).resolve().parent / "cpusampler"
@@ -154,17 +154,20 @@ def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
 
 
 def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "", pppd_extra: str = "",
-          max_retries: int = 0, serve_nice: int = 0, profile: str = "", syslog: bool = False) -> dict:
+          max_retries: int = 0, serve_nice: int = 0, profile: str = "", syslog: str = "") -> dict:
     # both ends alike, in both modes (the module's docstring says why)
     retries = f"max retries = {max_retries}\n" if max_retries else ""
     lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="", lns_global=retries,
-              lac_global=retries, serve_nice=serve_nice, lns_args=("-l",) if syslog else ())
+              lac_global=retries, serve_nice=serve_nice, lns_args=("-l",) if syslog else (),
+              lns_log_source="journal-id:xl2tpd" if syslog == "journal" else "")
     stop, scrapes = threading.Event(), [0, 0]
     logger = contextlib.ExitStack()
     try:
         lab.setup(k)
-        if syslog:  # the LNS's xl2tpd (and every pppd) logs through rsyslog, which writes the LNS's log
+        if syslog == "rsyslog":  # the LNS's xl2tpd (and every pppd) logs through rsyslog, which writes the LNS's log
             logger.enter_context(syslogd("rsyslog", lab.lns.log))
+        elif syslog == "journal":  # into the journal, which the daemon reads; a copy for the lab's waits
+            logger.enter_context(journal_copy(lab.lns.log, "xl2tpd", "pppd"))
         lab.start_all(plugin_options() + "pipexctl_timeout 60\n" + pppd_extra if offload else "")
         if offload:
             # --profile-cpu: the daemon's CPU by stack (bench/cpusampler), written to `profile`
@@ -248,9 +251,11 @@ def main() -> int:
     p.add_argument("--rmem-default", type=int, default=0,
                    help="net.core.rmem_default for the run, bytes (0: the kernel's): the receive buffer of every "
                         "socket that does not size its own, xl2tpd's among them (docs/operations.md)")
-    p.add_argument("--syslog", action="store_true",
+    p.add_argument("--syslog", choices=("rsyslog", "journal"), nargs="?", const="rsyslog", default="",
                    help="the LNS's xl2tpd logs through syslog (-l), in every round: rsyslog writes the log the "
-                        "daemon reads, in Debian's traditional format, and the daemon's log barriers go through it")
+                        "daemon reads, in Debian's traditional format, and the daemon's log barriers go through it; "
+                        "journal (a guest booted with --init systemd, Debian's default install): journald keeps "
+                        "it, and the daemon reads the journal")
     p.add_argument("--profile-cpu", action="store_true",
                    help="sample the daemon's CPU by Python stack (bench/cpusampler; it costs the daemon CPU of its "
                         "own, so a profiled round's times are not the bench's): cpu-K-CASE.txt beside --out")
@@ -271,7 +276,7 @@ def main() -> int:
                       profile=str(Path(a.out).parent / f"cpu-{k}-{case}{n}.txt") if a.profile_cpu and case != "c" else "",
                       syslog=a.syslog)
             r["rmem_default"] = int(Path("/proc/sys/net/core/rmem_default").read_text())
-            r["lns_log"] = "rsyslog" if a.syslog else "xl2tpd -D"
+            r["lns_log"] = a.syslog or "xl2tpd -D"
             r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped",
                          "n": "n-pipexctl-no-links", "u": "u-pipexctl-nice-0"}[case]
             rows.append(r)

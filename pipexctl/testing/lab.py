@@ -89,6 +89,9 @@ class Lab:
     lns_env: dict[str, str] = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
     # extra arguments of the LNS's xl2tpd: ("-l",) logs through syslog (a syslogd must write its log file)
     lns_args: tuple[str, ...] = ()
+    # what the LNS's daemon reads (`serve --log`) when not the LNS's log file: "journal-id:xl2tpd" for
+    # an xl2tpd logging into the journal (journal_copy keeps the file the lab's own waits read)
+    lns_log_source: str = ""
     ppp_opts: str = PPP_OPTS_COMMON  # the first lines of every pppd options file
     lac_kernel_mode: bool | None = None  # the LACs' xl2tpd mode when it differs from the LNS's
     lac_extra_pppd: str | None = None  # the LACs' pppd lines when they differ from the LNS's (write_configs)
@@ -224,7 +227,9 @@ pppoptfile = {lac.dir}/options
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", inst.ns, *(("nice", "-n", str(self.serve_nice)) if self.serve_nice else ()),
                  sys.executable, "-m", "pipexctl", "serve", "-v",
-                 "--socket", self.serve_socket(inst), "--log", str(inst.log), "--control", inst.control, *extra],
+                 "--socket", self.serve_socket(inst),
+                 "--log", self.lns_log_source if inst is self.lns and self.lns_log_source else str(inst.log),
+                 "--control", inst.control, *extra],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}))
             out.close()
         self.serves += procs
@@ -543,6 +548,25 @@ def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1,
         raise RuntimeError(f"iperf3 -c {addr}: {doc.get('error', 'no end.sum_received in its report')}")
     received: dict[str, Any] = doc["end"]["sum_received"]
     return received
+
+
+@contextlib.contextmanager
+def journal_copy(log: Path, *idents: str) -> Iterator[None]:
+    """journald is the syslog (a systemd guest, Debian's default install):
+    copy what ``idents`` write from now on to ``log``, the file the lab's
+    own waits read.  The daemon reads the journal itself (``Lab.lns_log_source``)."""
+    if not os.path.exists("/run/systemd/journal/socket"):
+        raise RuntimeError("no journald here (/run/systemd/journal/socket): boot the guest with --init systemd")
+    out = open(log, "ab")
+    p = subprocess.Popen(["journalctl", "-f", "-n", "0", "-o", "short-precise",
+                          *(a for i in idents for a in ("-t", i))], stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+    try:
+        time.sleep(1)  # following before the first line it must copy
+        yield
+    finally:
+        p.terminate()
+        p.wait(10)
 
 
 # Debian's rsyslog, reduced to what writes xl2tpd's lines to a file: its

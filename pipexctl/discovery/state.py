@@ -514,12 +514,14 @@ class Tracker:
                 return self.apply(sub, rec, source)
             if self.daemon_alive(ins.daemon_pid):
                 # the stream's xl2tpd still runs: anyone may have forged the
-                # line (syslog takes any tag): never a restart
+                # line (syslog takes any tag), or it is an exited second
+                # xl2tpd's (a journal is read from the boot's start): never a restart
                 self.foreign_lines += 1
                 if rec.pid not in ins.foreign_pids:
                     ins.foreign_pids.add(rec.pid)
                     self.notes.append(f"{instance}: lines tagged xl2tpd[{rec.pid}] ignored: this stream's xl2tpd "
-                                      f"is pid {ins.daemon_pid}, still running, and {rec.pid} is no xl2tpd (forged)")
+                                      f"is pid {ins.daemon_pid}, still running, and {rec.pid} is no running xl2tpd "
+                                      f"(one that has exited, or a forger)")
                 return []
             # another xl2tpd process writes to this stream: the old one is gone
             ev = self.all_down(ins, f"xl2tpd pid {ins.daemon_pid} replaced by {rec.pid}")

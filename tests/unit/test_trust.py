@@ -735,49 +735,31 @@ class ListingControl:
                 for _, ptid, peer, cids in self.tunnels]
 
 
-def test_the_control_pipe_ends_one_of_two_tunnels_with_one_id_by_its_peer_tunnel_id(tmp_path):
-    """Two live tunnels of id 53805 (xl2tpd does not check its random ids):
-    an answer that lists both ends neither; one that lists only the second
-    ends the first and its call, and the second keeps its call."""
-    from .test_state import CLASH
+@pytest.mark.parametrize("lines,first,second", [
+    ("CLASH", (53805, 4761, "10.99.1.2", [23002]), (53805, 36725, "10.99.58.2", [34008])),
+    ("SHARED_CALL_ID", (101, 201, "10.99.1.2", [7777]), (102, 202, "10.99.2.2", [7777])),
+])
+def test_the_control_pipe_ends_only_the_tunnel_and_call_it_no_longer_lists(tmp_path, lines, first, second):
+    """Two live tunnels of one id (53805), or two calls of one id (7777) in
+    two tunnels: xl2tpd checks neither random id against its live ones.  An
+    answer that lists both ends neither; one that lists only the second
+    ends the first tunnel and its call, and the second keeps its call."""
+    from . import test_state
 
     log = tmp_path / "syslog"
-    log.write_text("\n".join(CLASH) + "\n")
+    log.write_text("\n".join(getattr(test_state, lines)) + "\n")
     d = Discovery([str(log)], proc=False, kernel=False)
     d.poll(reconcile=False)
-    old, new = (53805, 4761, "10.99.1.2", [23002]), (53805, 36725, "10.99.58.2", [34008])
-    d.sources[0].control = ListingControl([old, new])
-    ev = d.apply_control(d.fetch_control())
-    assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
-    assert d.listed_by_control(d.tracker.instances[str(log)].calls["10.99.58.2", 34008], float("-inf")) is True
-    d.sources[0].control = ListingControl([new])
-    ev = d.apply_control(d.fetch_control())
-    assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
-        ("CallDown", "10.99.1.2"), ("TunnelDown", "10.99.1.2")], ev
-    assert [(c.call_id, c.peer_tunnel_id) for c in d.tracker.calls()] == [(34008, 36725)]
-    d.close()
-
-
-def test_the_control_pipe_keeps_two_calls_with_one_id_and_ends_the_one_it_no_longer_lists(tmp_path):
-    """xl2tpd gave call id 7777 to a call in each of two tunnels: an answer
-    that lists both ends neither; one that lists only the second tunnel
-    ends the first tunnel's call, not the second's."""
-    from .test_state import SHARED_CALL_ID
-
-    log = tmp_path / "syslog"
-    log.write_text("\n".join(SHARED_CALL_ID) + "\n")
-    d = Discovery([str(log)], proc=False, kernel=False)
-    d.poll(reconcile=False)
-    first, second = (101, 201, "10.99.1.2", [7777]), (102, 202, "10.99.2.2", [7777])
     d.sources[0].control = ListingControl([first, second])
     ev = d.apply_control(d.fetch_control())
     assert not [e for e in ev if e.event in ("CallDown", "TunnelDown")], ev
-    assert len(d.tracker.calls()) == 2
+    kept = d.tracker.instances[str(log)].calls[second[2], second[3][0]]
+    assert len(d.tracker.calls()) == 2 and d.listed_by_control(kept, float("-inf")) is True
     d.sources[0].control = ListingControl([second])
     ev = d.apply_control(d.fetch_control())
     assert [(e.event, getattr(e, "call", getattr(e, "tunnel", None)).peer) for e in ev] == [
-        ("CallDown", "10.99.1.2"), ("TunnelDown", "10.99.1.2")], ev
-    assert [(c.tunnel_id, c.call_id) for c in d.tracker.calls()] == [(102, 7777)]
+        ("CallDown", first[2]), ("TunnelDown", first[2])], ev
+    assert [(c.peer, c.call_id, c.peer_tunnel_id) for c in d.tracker.calls()] == [(second[2], second[3][0], second[1])]
     d.close()
 
 

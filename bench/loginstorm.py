@@ -249,8 +249,9 @@ def main() -> int:
     p.add_argument("--max-retries", type=int, default=8,
                    help="xl2tpd's \"max retries\" on the LNS and every LAC, both modes (0: xl2tpd's default, 5)")
     p.add_argument("--rmem-default", type=int, default=0,
-                   help="net.core.rmem_default for the run, bytes (0: the kernel's): the receive buffer of every "
-                        "socket that does not size its own, xl2tpd's among them (docs/operations.md)")
+                   help="net.core.rmem_default for the run, bytes (0: left as it is, which is the kernel's 212992 "
+                        "unless an earlier run in this boot set it: a global sysctl, not put back): the receive "
+                        "buffer of every socket that does not size its own, xl2tpd's among them (docs/operations.md)")
     p.add_argument("--syslog", choices=("rsyslog", "journal"), nargs="?", const="rsyslog", default="",
                    help="the LNS's xl2tpd logs through syslog (-l), in every round: rsyslog writes the log the "
                         "daemon reads, in Debian's traditional format, and the daemon's log barriers go through it; "

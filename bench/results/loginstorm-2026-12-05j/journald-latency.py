@@ -1,6 +1,12 @@
 """How long a syslog datagram takes to come out of `journalctl -f -o json`
 (systemd guest), alone and beside a flood of other entries."""
-import json, os, socket, subprocess, threading, time
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
 
 def jd_cpu():
     pid = subprocess.run(["pidof", "systemd-journald"], capture_output=True, text=True).stdout.split()[0]
@@ -21,7 +27,8 @@ def run(name, rate, n, flood_rate, fields, stdbuf=False):
             except Exception:
                 continue
             got[int(msg.split()[1])] = t
-    th = threading.Thread(target=reader, daemon=True); th.start()
+    th = threading.Thread(target=reader, daemon=True)
+    th.start()
     stop = threading.Event()
     def flood():
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

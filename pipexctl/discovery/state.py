@@ -76,9 +76,6 @@ class CallInfo:
     # of them is forged, and which cannot be told (never offloaded then)
     disputed: bool = False
 
-    def key(self) -> tuple[str, str, int]:
-        return (self.instance, self.peer, self.call_id)
-
     def ref(self) -> CallKey:
         """Its key in its instance's ``Calls``."""
         return CallKey(self.peer, self.call_id)

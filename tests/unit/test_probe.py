@@ -68,3 +68,36 @@ def test_memory_kib_reads_the_status_figures_of_a_process():
         t.join()
     assert 0 < mine["RssAnon"] < mine["VmRSS"] <= mine["VmHWM"] and mine["Threads"] >= 2
     assert by_pid["Threads"] == mine["Threads"] and "Name" not in mine
+
+
+def test_the_lab_redials_once_a_call_xl2tpd_gave_remote_call_id_0(tmp_path, capsys):
+    """The CI failure of stop 45: xl2tpd's LAC took a remote call id of 0
+    after a redial and the LNS refused its ICCN.  Lab.connect redials once;
+    here a fake xl2tpd reads the control pipe and writes its log."""
+    import os
+    import threading
+
+    from pipexctl.testing.lab import Instance, Lab
+
+    lac = Instance("lac1", "ns", "lac", tmp_path, "10.99.1.2")
+    os.mkfifo(lac.control)
+    lac.log.write_bytes(b"")
+    remotes = iter(["0", "4242"])
+    requests = []
+
+    fd = os.open(lac.control, os.O_RDWR)  # held open, as xl2tpd holds its pipe
+
+    def fake_xl2tpd():
+        for _ in range(2):
+            requests.append(os.read(fd, 100))
+            with open(lac.log, "a") as log:
+                log.write(f"xl2tpd[1]: Call established with 10.99.1.1, Local: 7, Remote: {next(remotes)}, Serial: 1\n")
+                log.write("xl2tpd[1]: control_finish: Connection closed to 10.99.1.1, port 1701 (), Local: 3, Remote: 9\n")
+
+    t = threading.Thread(target=fake_xl2tpd, daemon=True)
+    t.start()
+    Lab(kernel_mode=False).connect(lac, timeout=10)
+    t.join(5)
+    os.close(fd)
+    assert requests == [b"c lns\n", b"c lns\n"]
+    assert "redialling once" in capsys.readouterr().err

@@ -249,9 +249,9 @@ def main() -> int:
     p.add_argument("--max-retries", type=int, default=8,
                    help="xl2tpd's \"max retries\" on the LNS and every LAC, both modes (0: xl2tpd's default, 5)")
     p.add_argument("--rmem-default", type=int, default=0,
-                   help="net.core.rmem_default for the run, bytes (0: left as it is, which is the kernel's 212992 "
-                        "unless an earlier run in this boot set it: a global sysctl, not put back): the receive "
-                        "buffer of every socket that does not size its own, xl2tpd's among them (docs/operations.md)")
+                   help="net.core.rmem_default for the run, bytes (0: left as it is, the kernel's 212992 unless "
+                        "something else set it; a global sysctl, put back when the run ends): the receive buffer of "
+                        "every socket that does not size its own, xl2tpd's among them (docs/operations.md)")
     p.add_argument("--syslog", choices=("rsyslog", "journal"), nargs="?", const="rsyslog", default="",
                    help="the LNS's xl2tpd logs through syslog (-l), in every round: rsyslog writes the log the "
                         "daemon reads, in Debian's traditional format, and the daemon's log barriers go through it; "
@@ -262,12 +262,22 @@ def main() -> int:
                         "own, so a profiled round's times are not the bench's): cpu-K-CASE.txt beside --out")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
-    if a.rmem_default:
-        # a global sysctl, read by every namespace's new sockets (the guest's, so not put back)
-        for name in ("rmem_max", "rmem_default"):
-            f = Path(f"/proc/sys/net/core/{name}")
-            if name == "rmem_default" or int(f.read_text()) < a.rmem_default:
-                f.write_text(str(a.rmem_default))
+    # a global sysctl, read by every namespace's new sockets: put back when the
+    # run ends, so a later run in the boot with 0 has the kernel's default
+    saved = {name: Path(f"/proc/sys/net/core/{name}").read_text() for name in ("rmem_max", "rmem_default")}
+    try:
+        if a.rmem_default:
+            for name in ("rmem_max", "rmem_default"):
+                f = Path(f"/proc/sys/net/core/{name}")
+                if name == "rmem_default" or int(f.read_text()) < a.rmem_default:
+                    f.write_text(str(a.rmem_default))
+        return run(a)
+    finally:
+        for name, value in saved.items():
+            Path(f"/proc/sys/net/core/{name}").write_text(value)
+
+
+def run(a: argparse.Namespace) -> int:
     rows, nice = [], unit_nice()
     for k in (int(x) for x in a.k.split(",") if x):
         for n, case in enumerate(a.cases.split(",")):

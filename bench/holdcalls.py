@@ -22,7 +22,10 @@ the kernel's session count (/proc/net/pppol2tp), the state file's size,
 and the p50/p99 of the last STEP offloads; at the end, the time of one
 `status` and one `metrics` report, then the drop of every tunnel and what
 is left (sessions, fds).  The drops run with /sys/kernel/rcu_expedited=1
-(bench/controlplane.py says why).  Not a test: it asserts nothing.
+(bench/controlplane.py says why).  --trim-every gives freed heap back
+to the kernel as serve does (malloc_trim after the first read and every
+10 s); 0 measures the heap as it was before serve did.  Not a test: it
+asserts nothing.
 
     python -m pipexctl.testing.vm --memory 4096 --timeout 3600 -- .venv/bin/python bench/holdcalls.py --calls 10000
 """
@@ -50,6 +53,7 @@ from servicestorm import NET, drop_all, finish, pct, setup  # noqa: E402
 
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.kernel.backend import NetlinkBackend  # noqa: E402
+from pipexctl.offload import malloc  # noqa: E402
 from pipexctl.offload.datapath import KernelDataPath  # noqa: E402
 from pipexctl.offload.service import OffloadService  # noqa: E402
 from pipexctl.offload.watch import CallWatch  # noqa: E402
@@ -111,6 +115,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=10000)
     p.add_argument("--step", type=int, default=1000)
     p.add_argument("--max-seconds", type=float, default=2400, help="stop filling after this long (reported)")
+    p.add_argument("--trim-every", type=float, default=malloc.TRIM_EVERY,
+                   help="give freed heap back to the kernel (malloc_trim) after the first read and this often while "
+                        "filling, as serve does (0: never, as serve did before)")
     p.add_argument("--trace", action="store_true",
                    help="tracemalloc from the start: the largest allocations while N calls are held (slower)")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "holdcalls.json"))
@@ -131,6 +138,8 @@ def main() -> int:
     watch = CallWatch(Discovery([str(log)], proc=False, kernel=False))
     t = time.monotonic()
     watch.first_read()
+    if a.trim_every:
+        malloc.trim()  # as serve does after its first read
     todo = sorted(watch.discovery.tracker.calls(), key=lambda c: c.call_id)
     rec["discovery"] = {"read_s": round(time.monotonic() - t, 1), "calls": len(todo), **rss_mib()}
     print(json.dumps({"start": rec["start"], "discovery": rec["discovery"]}), flush=True)
@@ -146,8 +155,11 @@ def main() -> int:
 
     held = 0
     lat: list[float] = []
-    t0 = time.monotonic()
+    t0 = trimmed = time.monotonic()
     for c in todo:
+        if a.trim_every and time.monotonic() - trimmed >= a.trim_every:
+            trimmed = time.monotonic()
+            malloc.trim()  # as serve's half-second round does this often
         if time.monotonic() - t0 > a.max_seconds:
             rec["stopped"] = f"after {a.max_seconds:.0f} s"
             break
@@ -198,6 +210,10 @@ def main() -> int:
     fl.close()
     rec["metrics_sessions"] = len(m["sessions"]) + m["sessions_not_listed"]["count"]
     rec["after_reports"] = rss_mib()
+    if a.trim_every:
+        malloc.trim()  # serve's next round, at most TRIM_EVERY after the reports
+        rec["after_reports_trimmed"] = rss_mib()
+    rec["trim_every_s"] = a.trim_every
     print(json.dumps({k: rec[k] for k in ("held", "kib_per_call", "status_ms", "metrics_ms", "dump_floor_ms",
                                           "metrics_sessions",
                                           "held_mem", "after_reports")}), flush=True)

@@ -47,3 +47,23 @@ def test_an_operators_malloc_arena_max_is_left_as_it_is():
     said, n = _arenas("1", {"MALLOC_ARENA_MAX": "3"})
     assert said == "None"  # not overridden
     assert n == 3, n  # glibc's own reading of the variable
+
+
+TRIM_CHILD = r"""
+from pipexctl.offload import malloc
+from pipexctl.testing.probe import memory_kib
+def anon(): return memory_kib()["RssAnon"] // 1024
+blocks = [bytearray(64 * 1024) for _ in range(2000)]  # 125 MiB on the heap, touched
+kept = blocks[9::10]  # every tenth stays, the last among them: nothing is free at the heap's top
+del blocks
+before = anon()
+print(before, anon() if not malloc.trim() else anon())
+"""
+
+
+def test_trim_gives_freed_heap_between_live_blocks_back_to_the_kernel():
+    """What serve does after its first read and every 10 s: glibc keeps
+    freed space below a live block resident until malloc_trim."""
+    out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, check=True)
+    before, after = (int(x) for x in out.stdout.split())
+    assert before >= 120 and after <= before - 90, (before, after)

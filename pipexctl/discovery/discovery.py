@@ -174,6 +174,12 @@ class LogFile:
             self._f = None
 
 
+# what logparse.split_framing reads of an entry (journalctl adds the cursor
+# and the timestamps): an entry has some 25 fields, and a first read of a
+# long boot is mostly journalctl writing them and the daemon decoding them
+OUTPUT_FIELDS = "--output-fields=MESSAGE,_PID,_COMM,_EXE,SYSLOG_IDENTIFIER,SYSLOG_PID"
+
+
 class Journal:
     """``journalctl -o json`` for a unit (``journal:UNIT``) or identifier
     (``journal-id:IDENT``), from the start of this boot or after a cursor.
@@ -206,7 +212,7 @@ class Journal:
 
     def _spawn(self, follow: bool) -> subprocess.Popen[bytes]:
         # this boot only: calls of an earlier boot are gone with its kernel
-        argv = ["journalctl", "-o", "json", "--no-pager", "-b", *self._sel]
+        argv = ["journalctl", "-o", "json", "--no-pager", "-b", *self._sel, OUTPUT_FIELDS]
         argv += ["-f", "-n", "all"] if follow else []  # -n all: with no cursor, the boot from its start
         argv += ["--after-cursor", self.cursor] if self.cursor else []
         try:

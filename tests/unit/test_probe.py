@@ -75,7 +75,9 @@ def test_the_lab_redials_once_a_call_xl2tpd_gave_remote_call_id_0(tmp_path, caps
     after a redial and the LNS refused its ICCN.  Lab.connect redials once;
     here a fake xl2tpd reads the control pipe and writes its log."""
     import os
+    import select
     import threading
+    import time
 
     from pipexctl.testing.lab import Instance, Lab
 
@@ -87,17 +89,28 @@ def test_the_lab_redials_once_a_call_xl2tpd_gave_remote_call_id_0(tmp_path, caps
 
     fd = os.open(lac.control, os.O_RDWR)  # held open, as xl2tpd holds its pipe
 
+    closed = threading.Event()  # the broken call's tunnel closed
+    early: list[bool] = []
+    close = "xl2tpd[1]: control_finish: Connection closed to 10.99.1.1, port 1701 (), Local: {}, Remote: 9\n"
+
     def fake_xl2tpd():
-        for _ in range(2):
-            requests.append(os.read(fd, 100))
+        for n in range(2):
+            requests.append((os.read(fd, 100), closed.is_set()))
             with open(lac.log, "a") as log:
+                if n == 0:  # an earlier tunnel's close comes in first: not the one to wait for
+                    log.write(close.format(2))
                 log.write(f"xl2tpd[1]: Call established with 10.99.1.1, Local: 7, Remote: {next(remotes)}, Serial: 1\n")
-                log.write("xl2tpd[1]: control_finish: Connection closed to 10.99.1.1, port 1701 (), Local: 3, Remote: 9\n")
+            if n == 0:
+                time.sleep(0.5)
+                early.append(bool(select.select([fd], [], [], 0)[0]))  # a redial before the close?
+                closed.set()
+                with open(lac.log, "a") as log:
+                    log.write(close.format(3))
 
     t = threading.Thread(target=fake_xl2tpd, daemon=True)
     t.start()
     Lab(kernel_mode=False).connect(lac, timeout=10)
     t.join(5)
     os.close(fd)
-    assert requests == [b"c lns\n", b"c lns\n"]
+    assert requests == [(b"c lns\n", False), (b"c lns\n", True)] and early == [False]  # redialled after the close
     assert "redialling once" in capsys.readouterr().err

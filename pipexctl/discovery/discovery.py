@@ -174,10 +174,9 @@ class LogFile:
             self._f = None
 
 
-# what logparse.split_framing reads of an entry (journalctl adds the cursor
-# and the timestamps): an entry has some 25 fields, and a first read of a
-# long boot is mostly journalctl writing them and the daemon decoding them
-OUTPUT_FIELDS = "--output-fields=MESSAGE,_PID,_COMM,_EXE,SYSLOG_IDENTIFIER,SYSLOG_PID"
+# a first read of a long boot is mostly journalctl writing entries and the
+# daemon decoding them: only the fields the parser reads
+OUTPUT_FIELDS = "--output-fields=" + ",".join(lp.JOURNAL_FIELDS)
 
 
 class Journal:

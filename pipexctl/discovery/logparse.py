@@ -459,6 +459,10 @@ def _pid(v: object) -> Optional[int]:
 
 PID_MAX = 4194304  # the kernel's PID_MAX_LIMIT on 64-bit
 
+# the journal fields split_framing reads (journalctl adds the cursor and the
+# timestamps): discovery asks journalctl for these only, of some 25 per entry
+JOURNAL_FIELDS = ("MESSAGE", "_PID", "_COMM", "_EXE", "SYSLOG_IDENTIFIER", "SYSLOG_PID")
+
 
 def split_framing(line: str, identifier: str = "xl2tpd",
                   journal: bool = False) -> tuple[Optional[int], Optional[str], Optional[float]]:

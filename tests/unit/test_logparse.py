@@ -104,6 +104,27 @@ def test_journal_entries_are_judged_by_journalds_trusted_fields():
     assert lp.split_framing(json.dumps(real))[0] == 4711  # _PID wins over SYSLOG_PID
 
 
+@pytest.mark.parametrize("entry", [
+    {"_COMM": "xl2tpd", "_EXE": "/usr/sbin/xl2tpd", "_PID": "4711"},  # xl2tpd's own
+    {"_COMM": "logger", "_EXE": "/usr/bin/logger", "_PID": "4712"},  # a forger's
+    {"_COMM": "xl2tpd", "_EXE": "/tmp/x", "_PID": "4713"},  # a forger's process renamed xl2tpd
+    {"_COMM": "logger", "_PID": "4714"},  # no _EXE: judged by its command
+    {},  # no trusted field at all (not from this host's journald)
+    {"SYSLOG_IDENTIFIER": "pppd"},  # nor then by its tag
+])
+def test_journalctl_asked_for_only_the_fields_read_gives_the_same_framing(entry):
+    """discovery asks journalctl for lp.JOURNAL_FIELDS only: a field that
+    split_framing reads and that list lacks would change what it judges."""
+    full = {"__CURSOR": "s=1;i=2", "__REALTIME_TIMESTAMP": "1700000000000000", "_BOOT_ID": "b" * 32,
+            "_UID": "0", "_SYSTEMD_UNIT": "xl2tpd.service", "_CMDLINE": "/usr/sbin/xl2tpd -D", "PRIORITY": "6",
+            "_SOURCE_REALTIME_TIMESTAMP": "1699999999999999", "SYSLOG_IDENTIFIER": "xl2tpd", "SYSLOG_PID": "147",
+            "MESSAGE": "Call established with 10.0.0.1, PID: 9, Local: 1, Remote: 2, Serial: 1", **entry}
+    given = {k: v for k, v in full.items() if k.startswith("__") or k == "_BOOT_ID" or k in lp.JOURNAL_FIELDS}
+    for journal in (False, True):
+        assert lp.split_framing(json.dumps(given), journal=journal) == lp.split_framing(json.dumps(full),
+                                                                                         journal=journal)
+
+
 def test_pppd_argv_spans_lines():
     recs = lp.parse_lines(['xl2tpd[5]: start_pppd: I\'m running: ', 'xl2tpd[5]: "/usr/sbin/pppd" ',
                            'xl2tpd[5]: "plugin" ', 'xl2tpd[5]: "pppol2tp.so" ', 'xl2tpd[5]: "pppol2tp" ',

@@ -138,8 +138,8 @@ def main() -> int:
     watch = CallWatch(Discovery([str(log)], proc=False, kernel=False))
     t = time.monotonic()
     watch.first_read()
-    if a.trim_every:
-        malloc.trim()  # as serve does after its first read
+    trimmer = malloc.Trimmer(a.trim_every)
+    trimmer.maybe()  # as serve does after its first read
     todo = sorted(watch.discovery.tracker.calls(), key=lambda c: c.call_id)
     rec["discovery"] = {"read_s": round(time.monotonic() - t, 1), "calls": len(todo), **rss_mib()}
     print(json.dumps({"start": rec["start"], "discovery": rec["discovery"]}), flush=True)
@@ -155,11 +155,9 @@ def main() -> int:
 
     held = 0
     lat: list[float] = []
-    t0 = trimmed = time.monotonic()
+    t0 = time.monotonic()
     for c in todo:
-        if a.trim_every and time.monotonic() - trimmed >= a.trim_every:
-            trimmed = time.monotonic()
-            malloc.trim()  # as serve's half-second round does this often
+        trimmer.maybe()  # as serve's half-second round does
         if time.monotonic() - t0 > a.max_seconds:
             rec["stopped"] = f"after {a.max_seconds:.0f} s"
             break

@@ -12,7 +12,9 @@ arena makes them wait for each other no more than they already do.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import time
 from typing import Any, Optional
 
 ARENAS = 1
@@ -35,7 +37,15 @@ def limit_arenas(n: int = ARENAS) -> Optional[int]:
 
 TRIM_EVERY = 10.0  # seconds between trims in the daemon (server.py); one took 0.02-0.08 ms on the host
 
-_trim: Optional[Any] = None
+
+@functools.cache
+def _malloc_trim() -> Optional[Any]:
+    try:
+        f = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None  # not glibc
+    f.argtypes, f.restype = (ctypes.c_size_t,), ctypes.c_int
+    return f
 
 
 def trim() -> bool:
@@ -43,15 +53,22 @@ def trim() -> bool:
     glibc returns only the free space at the heap's top by itself; what a
     first read of a long log or a status report of 10,000 calls freed in
     between stays resident until this.  False where there is no glibc."""
-    global _trim
-    if _trim is None:
-        try:
-            _trim = ctypes.CDLL(None).malloc_trim
-        except (OSError, AttributeError):
-            _trim = False
-            return False
-        _trim.argtypes, _trim.restype = (ctypes.c_size_t,), ctypes.c_int
-    if _trim is False:
+    f = _malloc_trim()
+    if f is None:
         return False
-    _trim(0)
+    f(0)
     return True
+
+
+class Trimmer:
+    """``trim()`` at most once every ``every`` seconds (0: never): serve's
+    half-second round, and the hold bench doing as serve does."""
+
+    def __init__(self, every: float = TRIM_EVERY) -> None:
+        self.every, self._last = every, float("-inf")
+
+    def maybe(self) -> None:
+        now = time.monotonic()
+        if self.every and now - self._last >= self.every:
+            self._last = now
+            trim()

@@ -117,7 +117,7 @@ class OffloadServer:
         self.activated: Optional[socket.socket] = None
         self.links = Links()  # the plugins' control links, by pppd pid
         self._watchdog, self._pinged = sdnotify.watchdog_interval(), 0.0
-        self._trimmed = 0.0
+        self._trimmer = malloc.Trimmer()
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -148,7 +148,7 @@ class OffloadServer:
             for sock in early:
                 svc.datapath.release(sock)  # the reconcile takes back what it adopts
             reconcile.reconcile(svc)
-        malloc.trim()  # what the first read parsed and let go: megabytes for a long log
+        self._trimmer.maybe()  # what the first read parsed and let go: megabytes for a long log
         srv = self.activated if self.activated is not None else self._listen()
         threading.Thread(target=self.watch.run, name="discovery", daemon=True,
                          args=(self.stop, self.reload),
@@ -207,9 +207,7 @@ class OffloadServer:
         self.service.tick()
         self.links.prune()
         now = time.monotonic()
-        if now - self._trimmed >= malloc.TRIM_EVERY:
-            self._trimmed = now
-            malloc.trim()  # what a burst of requests or a report let go goes back to the kernel
+        self._trimmer.maybe()  # what a burst of requests or a report let go goes back to the kernel
         if self._watchdog is not None and now - self._pinged >= self._watchdog:
             self._pinged = now
             sdnotify.notify("WATCHDOG=1", f"STATUS=serving; {self._summary()}")

@@ -67,3 +67,17 @@ def test_trim_gives_freed_heap_between_live_blocks_back_to_the_kernel():
     out = subprocess.run([sys.executable, "-c", TRIM_CHILD], capture_output=True, text=True, check=True)
     before, after = (int(x) for x in out.stdout.split())
     assert before >= 120 and after <= before - 90, (before, after)
+
+
+def test_the_trimmer_trims_at_once_then_at_most_once_every_period(monkeypatch):
+    from pipexctl.offload import malloc
+
+    now, trims = [1000.0], []
+    monkeypatch.setattr(malloc.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(malloc, "trim", lambda: trims.append(now[0]) or True)
+    t, never = malloc.Trimmer(10.0), malloc.Trimmer(0)
+    for step in (0.0, 4.0, 9.9, 10.0, 19.9, 25.0):
+        now[0] = 1000.0 + step
+        t.maybe()
+        never.maybe()
+    assert trims == [1000.0, 1010.0, 1025.0]

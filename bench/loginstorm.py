@@ -264,17 +264,17 @@ def main() -> int:
     a = p.parse_args()
     # a global sysctl, read by every namespace's new sockets: put back when the
     # run ends, so a later run in the boot with 0 has the kernel's default
-    saved = {name: Path(f"/proc/sys/net/core/{name}").read_text() for name in ("rmem_max", "rmem_default")}
+    sysctls = {name: Path(f"/proc/sys/net/core/{name}") for name in ("rmem_max", "rmem_default")}
+    saved = {name: f.read_text() for name, f in sysctls.items()}
     try:
         if a.rmem_default:
-            for name in ("rmem_max", "rmem_default"):
-                f = Path(f"/proc/sys/net/core/{name}")
+            for name, f in sysctls.items():
                 if name == "rmem_default" or int(f.read_text()) < a.rmem_default:
                     f.write_text(str(a.rmem_default))
         return run(a)
     finally:
-        for name, value in saved.items():
-            Path(f"/proc/sys/net/core/{name}").write_text(value)
+        for name, f in sysctls.items():
+            f.write_text(saved[name])
 
 
 def run(a: argparse.Namespace) -> int:

@@ -311,6 +311,12 @@ class Listed:
     # when the answer was taken in (monotonic): a log barrier must be sent after
     # it, not merely after the question (xl2tpd may write its line just before answering)
     answered: float = float("inf")
+    # when `tunnels` was asked for, if before `asked`: a question for the calls
+    # only (status-lns) keeps the last `available`'s tunnels
+    tunnels_asked: Optional[float] = None
+
+    def tunnels_since(self) -> float:
+        return self.asked if self.tunnels_asked is None else self.tunnels_asked
 
 
 @dataclass
@@ -323,7 +329,8 @@ class Source:
 
 
 # One control pipe's answer (Discovery.fetch_control): its source, when it
-# was asked (monotonic), `available` and status-lns by section, or the error
+# was asked (monotonic), `available` (None for a question about the LNS
+# calls only) and status-lns by section, or the error
 ControlAnswer = tuple[Source, float, Optional[Available], dict[str, list[StatusTunnel]], Optional[str]]
 # A /proc scan (procscan.scan): the xl2tpd daemons, and the children of each by its pid
 Scanned = tuple[list[procscan.Proc], dict[int, list[procscan.Proc]]]
@@ -380,6 +387,7 @@ class Discovery:
         self._control_pid: dict[str, Optional[int]] = {}  # source -> the xl2tpd that has its control pipe open
         # instance -> what its control pipe listed, and the monotonic time the question went out
         self.listed: dict[str, Listed] = {}
+        self._lns_sections: dict[str, list[str]] = {}  # source -> the LNS sections its last full answer named
         # per instance: when the last question its control pipe did not answer was asked (monotonic)
         self.unanswered: dict[str, float] = {}
         self.warnings: list[str] = []
@@ -469,11 +477,15 @@ class Discovery:
         since two peers may pick the same tunnel id); a LAC call, whose
         calls status-lns does not list, by its tunnel (both ids)."""
         ls = self.listed.get(call.instance)
-        if ls is None or ls.asked < since:
+        if ls is None:
             return None
         if call.role == "lns":
+            if ls.asked < since:
+                return None
             return any(cid == call.call_id and peer == call.peer and call.peer_tunnel_id in (None, ptid)
                        for peer, ptid, cid in ls.lns_calls)
+        if ls.tunnels_since() < since:
+            return None
         return (call.tunnel_id, call.peer_tunnel_id) in ls.tunnels
 
     def tunnel_listed(self, instance: str, tunnel_id: int, peer_tunnel_id: Optional[int]) -> Optional[bool]:
@@ -567,14 +579,27 @@ class Discovery:
         """What xl2tpd says now beats log history (rotation, missed lines)."""
         return self.apply_control(self.fetch_control())
 
-    def fetch_control(self) -> list[ControlAnswer]:
+    def fetch_control(self, lns_calls_only: bool = False) -> list[ControlAnswer]:
         """Ask every control pipe: (source, when asked, Available or None,
         status-lns by section, error or None) each.  Only I/O: the model is
-        not touched, so a caller may do this without its lock."""
+        not touched, so a caller may do this without its lock.
+
+        ``lns_calls_only``: ask status-lns alone, for the LNS sections the
+        last full answer named (one round trip through xl2tpd's main loop,
+        not two: what an LNS call's check needs); a full question where none
+        is known yet or status-lns fails (a section renamed by a restart)."""
         out: list[ControlAnswer] = []
         for s in self.sources:
             if s.control is None:
                 continue
+            sections = self._lns_sections.get(s.name) if lns_calls_only else None
+            if sections:
+                asked = time.monotonic()
+                try:
+                    out.append((s, asked, None, {name: s.control.status_lns(name) for name in sections}, None))
+                    continue
+                except ControlError:
+                    pass  # asked again in full below
             asked = time.monotonic()
             try:
                 av = s.control.available()
@@ -603,37 +628,56 @@ class Discovery:
                 name = self._control_instance(s).name
                 self.unanswered[name] = max(asked, self.unanswered.get(name, asked))
                 continue
-            assert av is not None  # fetch_control: an answer without an error has its `available`
             ins = self._control_instance(s)
             # an instance that was not the pipe's when the question went out: nothing was known then
             then_tids, then_cids = known.get(ins.name, (frozenset(), frozenset())) if known is not None \
                 else (None, None)
-            live = frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels)
-            live_tids = {tid for tid, _ in live}
-            # by pair: xl2tpd may have given a gone tunnel's id to a new one (or to a second live one)
-            for gone in [t for tid in ins.tunnels if then_tids is None or tid in then_tids for t in ins.with_id(tid)
-                         if tid not in live_tids or t.peer_tunnel_id not in (None, *(p for i, p in live if i == tid))]:
-                ev += self.tracker.tunnel_down(ins, gone.tunnel_id, "not reported by xl2tpd (control pipe)",
-                                               gone.peer, gone.peer_tunnel_id)
-            # status-lns names a tunnel by the peer's id and address, `available`
-            # by both ids: two peers may pick one id (16 random bits each; at
-            # 100 tunnels, about one storm in 14), and then the model's tunnel to
-            # that address says which of ours it is, or nothing is placed
-            ours: dict[int, list[int]] = {}
-            for a in av.tunnels:
-                ours.setdefault(a.peer_tunnel_id, []).append(a.tunnel_id)
+            lns_calls_listed = frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values()
+                                         for st in tunnels for cid in st.calls)
+            our_tid: Callable[[StatusTunnel], Optional[int]]
+            if av is None:
+                # status-lns alone (fetch_control's lns_calls_only): no tunnel is
+                # found gone, and a listed call is placed only in a tunnel the
+                # model holds to that peer with that peer tunnel id
+                prev = self.listed.get(ins.name)
+                self.listed[ins.name] = Listed(
+                    asked, prev.tunnels if prev else frozenset(), lns_calls_listed, time.monotonic(),
+                    prev.tunnels_since() if prev else float("-inf"))
+                held: dict[tuple[str, int], list[int]] = {}
+                for x in ins.all_tunnels():
+                    if x.peer_tunnel_id is not None:
+                        held.setdefault((x.peer, x.peer_tunnel_id), []).append(x.tunnel_id)
 
-            def our_tid(st: StatusTunnel) -> Optional[int]:
-                tids = ours.get(st.peer_tunnel_id, [])
-                if len(tids) > 1:
-                    tids = [x.tunnel_id for x in ins.all_tunnels() if x.tunnel_id in tids
-                            and x.peer == st.peer and x.peer_tunnel_id == st.peer_tunnel_id]
-                return tids[0] if len(tids) == 1 else None
+                def our_tid(st: StatusTunnel) -> Optional[int]:
+                    tids = held.get((st.peer, st.peer_tunnel_id), [])
+                    return tids[0] if len(tids) == 1 else None
+            else:
+                self._lns_sections[s.name] = list(av.lns)
+                live = frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels)
+                live_tids = {tid for tid, _ in live}
+                # by pair: xl2tpd may have given a gone tunnel's id to a new one (or to a second live one)
+                for gone in [t for tid in ins.tunnels if then_tids is None or tid in then_tids
+                             for t in ins.with_id(tid)
+                             if tid not in live_tids or t.peer_tunnel_id not in (None, *(p for i, p in live
+                                                                                          if i == tid))]:
+                    ev += self.tracker.tunnel_down(ins, gone.tunnel_id, "not reported by xl2tpd (control pipe)",
+                                                   gone.peer, gone.peer_tunnel_id)
+                # status-lns names a tunnel by the peer's id and address, `available`
+                # by both ids: two peers may pick one id (16 random bits each; at
+                # 100 tunnels, about one storm in 14), and then the model's tunnel to
+                # that address says which of ours it is, or nothing is placed
+                ours: dict[int, list[int]] = {}
+                for a in av.tunnels:
+                    ours.setdefault(a.peer_tunnel_id, []).append(a.tunnel_id)
 
-            self.listed[ins.name] = Listed(
-                asked, live,
-                frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values() for st in tunnels
-                          for cid in st.calls), time.monotonic())
+                def our_tid(st: StatusTunnel) -> Optional[int]:
+                    tids = ours.get(st.peer_tunnel_id, [])
+                    if len(tids) > 1:
+                        tids = [x.tunnel_id for x in ins.all_tunnels() if x.tunnel_id in tids
+                                and x.peer == st.peer and x.peer_tunnel_id == st.peer_tunnel_id]
+                    return tids[0] if len(tids) == 1 else None
+
+                self.listed[ins.name] = Listed(asked, live, lns_calls_listed, time.monotonic())
             lns_calls: set[CallKey] = set()
             for section, tunnels in status.items():
                 for st in tunnels:

@@ -287,7 +287,8 @@ class CallWatch:
                 # with several tunnels from one peer; and a claim is checked there
                 asked = time.monotonic()
                 before = [c.copy() for c in claims]
-                failed = self._ask_control()
+                # an LNS call is checked against status-lns alone: one round trip, not two
+                failed = self._ask_control(lns_calls_only=bool(claims) and all(c.role == "lns" for c in claims))
                 # the answer also ends a call it does not list in the model: judged here
                 self._refute(refuted, pid, [c for c in before if self._listed(c, since) is False])
                 if mine is not None and complete and failed and self._listed(mine, since) is None:
@@ -345,17 +346,19 @@ class CallWatch:
                 return
             self.polled.wait(left)
 
-    def _ask_control(self) -> list[str]:
+    def _ask_control(self, lns_calls_only: bool = False) -> list[str]:
         """Ask xl2tpd's control pipes and apply the answer; the caller holds
         the lock, which is released while the question is out (xl2tpd
         answers slowly in a login storm, and requests and the watcher go on
-        meanwhile).  Returns the failures (logged by the watcher)."""
+        meanwhile).  ``lns_calls_only``: status-lns alone
+        (``Discovery.fetch_control``).  Returns the failures (logged by the
+        watcher)."""
         known = self.discovery.control_known()
         self.questions += 1
         self._asking = time.monotonic()
         self.lock.release()
         try:
-            answers = self.discovery.fetch_control()
+            answers = self.discovery.fetch_control(lns_calls_only)
         finally:
             self.lock.acquire()
             self._asking = None

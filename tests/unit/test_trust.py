@@ -278,24 +278,31 @@ def test_the_call_must_be_for_the_peer_xl2tpd_started_the_pppd_for(watched, ippa
 
 class StubControl:
     """xl2tpd's control pipe as ``available`` and ``status-lns`` parse it:
-    tunnel 28398 (the peer's 28399) holding ``calls``; or no answer."""
+    tunnel 28398 (the peer's 28399) holding ``calls``; or no answer.
+    ``asked`` counts questions (each asks status-lns once: after
+    ``available`` in a full one, alone in a question about LNS calls only),
+    ``full`` the full ones."""
 
     pipe = "stub-control"
 
     def __init__(self, calls, answers=True):
-        self.calls, self.answers, self.asked = calls, answers, 0
+        self.calls, self.answers, self.asked, self.full = calls, answers, 0, 0
 
     def available(self):
         from pipexctl.discovery import control
 
-        self.asked += 1
+        self.full += 1
         if not self.answers:
+            self.asked += 1  # no status-lns follows: the question ends here
             raise control.ControlError("no reply from xl2tpd within 2.0 s")
         return control.Available(lns=["default"], tunnels=[control.AvailableTunnel(28399, 28398, len(self.calls))])
 
     def status_lns(self, name):
         from pipexctl.discovery import control
 
+        self.asked += 1
+        if not self.answers:
+            raise control.ControlError("no reply from xl2tpd within 2.0 s")
         return [control.StatusTunnel(28399, "10.99.1.2", 1701, {c: control.StatusCall(c) for c in self.calls})]
 
 
@@ -383,11 +390,12 @@ def test_two_tunnels_from_one_address_the_call_gets_its_tunnels_port_from_the_co
 
     class TwoTunnels(StubControl):
         def available(self):
-            self.asked += 1
+            self.full += 1
             return control.Available(lns=["default"], tunnels=[control.AvailableTunnel(28399, 28398, 0),
                                                                control.AvailableTunnel(5001, 5000, 1)])
 
         def status_lns(self, name):
+            self.asked += 1
             return [control.StatusTunnel(28399, "10.99.1.2", 1701, {}),
                     control.StatusTunnel(5001, "10.99.1.2", 1702, {100: control.StatusCall(100)})]
 
@@ -494,6 +502,7 @@ def test_an_answer_asked_after_the_pppd_was_forked_judges_its_request(watched, a
         call, why = w.call_of(pppd.pid, 3.0)
         assert call is not None and call.call_id == 100, why
         assert stub.asked == (1 if asked == "after the fork" else 2)
+        assert stub.full == 1  # the request's own question, about an LNS call, asked status-lns alone
     finally:
         pppd.kill()
         pppd.wait()
@@ -763,6 +772,69 @@ def test_the_control_pipe_ends_only_the_tunnel_and_call_it_no_longer_lists(tmp_p
     d.close()
 
 
+def test_a_question_about_lns_calls_only_asks_status_lns_alone(tmp_path):
+    """What an LNS call's check needs is status-lns: a question about LNS
+    calls only asks it alone (one round trip through xl2tpd's busy main
+    loop, not two), for the sections the last full answer named.  Such an
+    answer judges LNS calls and ends the calls it does not list, places a
+    call in the tunnel the model holds to its peer, finds no tunnel gone
+    (it has no tunnel list), and does not judge a LAC call, which is
+    checked by its tunnel."""
+    from pipexctl.discovery import control
+    from pipexctl.discovery.state import CallInfo
+
+    from . import test_state
+
+    class Counting(ListingControl):
+        def __init__(self, tunnels, fail_status=0):
+            super().__init__(tunnels)
+            self.asked: list[str] = []
+            self.fail_status = fail_status
+
+        def available(self):
+            self.asked.append("available")
+            return super().available()
+
+        def status_lns(self, name):
+            self.asked.append(f"status-lns {name}")
+            if self.fail_status:
+                self.fail_status -= 1
+                raise control.ControlError("no such LNS section")
+            return super().status_lns(name)
+
+    log = tmp_path / "syslog"
+    log.write_text("\n".join(test_state.SHARED_CALL_ID) + "\n")
+    d = Discovery([str(log)], proc=False, kernel=False)
+    d.poll(reconcile=False)
+    first, second = (101, 201, "10.99.1.2", [7777]), (102, 202, "10.99.2.2", [7777])
+    ctl = d.sources[0].control = Counting([first, second])
+    # no full answer yet: the sections are not known, so the question is full
+    d.apply_control(d.fetch_control(lns_calls_only=True))
+    assert ctl.asked == ["available", "status-lns default"]
+    t_full = d.listed[str(log)].asked
+    # then status-lns alone; it lists only the second call, and no tunnel
+    ctl.tunnels = [(102, 202, "10.99.2.2", [7777])]
+    ctl.asked.clear()
+    ev = d.apply_control(d.fetch_control(lns_calls_only=True))
+    assert ctl.asked == ["status-lns default"]
+    assert [(e.event, e.call.peer) for e in ev] == [("CallDown", "10.99.1.2")], ev  # no TunnelDown
+    assert sorted(t.tunnel_id for t in d.tracker.instances[str(log)].all_tunnels()) == [101, 102]
+    ls = d.listed[str(log)]
+    assert ls.asked > t_full and ls.tunnels_since() == t_full and (102, 202) in ls.tunnels
+    (kept,) = d.tracker.calls()
+    assert kept.tunnel_id == 102 and d.listed_by_control(kept, ls.asked) is True
+    lac = CallInfo(instance=str(log), role="lac", peer="10.99.2.2", tunnel_id=102, peer_tunnel_id=202, call_id=5)
+    assert d.listed_by_control(lac, t_full) is True  # the full answer's tunnels
+    assert d.listed_by_control(lac, ls.asked) is None  # not asked for since
+    # status-lns alone failing (a section renamed by a restart): a full question follows
+    ctl.fail_status, ctl.tunnels = 1, [second]
+    ctl.asked.clear()
+    answers = d.fetch_control(lns_calls_only=True)
+    assert ctl.asked == ["status-lns default", "available", "status-lns default"]
+    assert answers[0][2] is not None and answers[0][4] is None
+    d.close()
+
+
 SAME_PEER_ID = [  # boot 4 of the 2026-12-05 login storm: two LACs picked the peer tunnel id 13379
     "xl2tpd[9]: Connection established to 10.99.68.2, 1701.  Local: 50060, Remote: 13379 (ref=0/0).  "
     "LNS session is 'default'",
@@ -977,11 +1049,11 @@ class Xl2tpdControl(StubControl):
         super().__init__(calls)
         self.syslogd, self.line = syslogd, line
 
-    def available(self):
+    def status_lns(self, name):  # the answer's last part, in a full question or one about LNS calls only
         if self.line:
             self.syslogd.send(self.line)
             self.line = None
-        return super().available()
+        return super().status_lns(name)
 
 
 @pytest.fixture

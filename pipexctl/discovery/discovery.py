@@ -387,7 +387,9 @@ class Discovery:
         self._control_pid: dict[str, Optional[int]] = {}  # source -> the xl2tpd that has its control pipe open
         # instance -> what its control pipe listed, and the monotonic time the question went out
         self.listed: dict[str, Listed] = {}
-        self._lns_sections: dict[str, list[str]] = {}  # source -> the LNS sections its last full answer named
+        # source -> the LNS sections its last full answer named, and the pid
+        # of the xl2tpd that had the pipe then (a restart may bring new ones)
+        self._lns_sections: dict[str, tuple[Optional[int], list[str]]] = {}
         # per instance: when the last question its control pipe did not answer was asked (monotonic)
         self.unanswered: dict[str, float] = {}
         self.warnings: list[str] = []
@@ -587,13 +589,14 @@ class Discovery:
         ``lns_calls_only``: ask status-lns alone, for the LNS sections the
         last full answer named (one round trip through xl2tpd's main loop,
         not two: what an LNS call's check needs); a full question where none
-        is known yet or status-lns fails (a section renamed by a restart)."""
+        is known yet, the pipe's xl2tpd is another since (a restart), or
+        status-lns fails."""
         out: list[ControlAnswer] = []
         for s in self.sources:
             if s.control is None:
                 continue
-            sections = self._lns_sections.get(s.name) if lns_calls_only else None
-            if sections:
+            owner, sections = self._lns_sections.get(s.name, (None, [])) if lns_calls_only else (None, [])
+            if sections and owner == self._control_pid.get(s.name):
                 asked = time.monotonic()
                 try:
                     out.append((s, asked, None, {name: s.control.status_lns(name) for name in sections}, None))
@@ -652,7 +655,7 @@ class Discovery:
                     tids = held.get((st.peer, st.peer_tunnel_id), [])
                     return tids[0] if len(tids) == 1 else None
             else:
-                self._lns_sections[s.name] = list(av.lns)
+                self._lns_sections[s.name] = (self._control_pid.get(s.name), list(av.lns))
                 live = frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels)
                 live_tids = {tid for tid, _ in live}
                 # by pair: xl2tpd may have given a gone tunnel's id to a new one (or to a second live one)

@@ -826,7 +826,13 @@ def test_a_question_about_lns_calls_only_asks_status_lns_alone(tmp_path):
     lac = CallInfo(instance=str(log), role="lac", peer="10.99.2.2", tunnel_id=102, peer_tunnel_id=202, call_id=5)
     assert d.listed_by_control(lac, t_full) is True  # the full answer's tunnels
     assert d.listed_by_control(lac, ls.asked) is None  # not asked for since
-    # status-lns alone failing (a section renamed by a restart): a full question follows
+    # another xl2tpd has the pipe since (a restart, with its own sections): a full question
+    d._control_pid[d.sources[0].name] = 4242
+    ctl.asked.clear()
+    d.fetch_control(lns_calls_only=True)
+    assert ctl.asked == ["available", "status-lns default"]
+    d._control_pid.pop(d.sources[0].name)
+    # status-lns alone failing (a section renamed): a full question follows
     ctl.fail_status, ctl.tunnels = 1, [second]
     ctl.asked.clear()
     answers = d.fetch_control(lns_calls_only=True)

@@ -1,0 +1,110 @@
+"""What `pipexctl serve`'s memory is made of, on the host (no kernel): the
+RSS once serve's modules are imported, and what discovery's model of N
+calls adds (read from a synthetic xl2tpd log, as a start reads it, with
+the heap trimmed as serve trims it).  Each variant runs in a fresh
+interpreter, the variants interleaved (``--rounds``), so the machine's
+drift falls on all alike:
+
+- ``as-is``: serve as it ships;
+- ``defer-build``: pydantic builds each model on its first use instead of
+  at import (``defer_build`` for every model), the question being whether
+  serve uses so few of them that the rest never get built;
+- ``no-openssl``: ``_hashlib`` kept out, so hashlib uses its built-in
+  hashes and OpenSSL's libcrypto is never loaded (pydantic.fields imports
+  pydantic.types, which imports secrets, hmac and hashlib).
+
+Not a test: it asserts nothing.  bench/holdcalls.py measures the same
+daemon holding real kernel calls in the guest.
+
+    .venv/bin/python bench/servemem.py --calls 10000 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("as-is", "defer-build", "no-openssl")
+
+
+def child(variant: str, calls: int, log: str) -> dict:
+    """In a fresh interpreter: import what serve imports, then read the log."""
+    if variant == "no-openssl":
+        sys.modules["_hashlib"] = None  # type: ignore[assignment]  # hashlib falls back to its built-ins
+    if variant == "defer-build":
+        from pydantic._internal import _config
+
+        _config.config_defaults["defer_build"] = True
+    import gc
+
+    import pipexctl.offload.server  # noqa: F401  # what serve imports
+    from pipexctl.discovery.discovery import Discovery
+    from pipexctl.offload import malloc
+    from pipexctl.offload.watch import CallWatch
+    from pipexctl.testing.probe import memory_kib
+
+    def mib() -> dict[str, float]:
+        m = memory_kib()
+        return {"rss": round(m["VmRSS"] / 1024, 2), "anon": round(m["RssAnon"] / 1024, 2),
+                "file": round(m["RssFile"] / 1024, 2)}
+
+    gc.collect()
+    malloc.trim()
+    out: dict = {"variant": variant, "imported": mib(), "libcrypto": _mapped("libcrypto")}
+    if calls:
+        w = CallWatch(Discovery([log], proc=False, kernel=False))
+        w.first_read()
+        gc.collect()
+        malloc.trim()
+        out["model"] = mib()
+        out["calls"] = len(w.discovery.tracker.calls())
+        out["model_kib_per_call"] = round((out["model"]["anon"] - out["imported"]["anon"]) * 1024 / calls, 3)
+    return out
+
+
+def _mapped(name: str) -> bool:
+    with open("/proc/self/maps") as f:
+        return any(name in ln for ln in f)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=10000, help="calls in discovery's model (0: imports only)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", help="write the rows here as JSON")
+    p.add_argument("--child", nargs=3, metavar=("VARIANT", "CALLS", "LOG"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child[0], int(a.child[1]), a.child[2])))
+        return 0
+    sys.path.insert(0, str(ROOT / "bench"))
+    from holdcalls import write_xl2tpd_log
+
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        log = os.path.join(d, "syslog")
+        write_xl2tpd_log(Path(log), list(range(100000, 100000 + a.calls)))
+        for r in range(a.rounds):
+            order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
+            for v in order:
+                res = subprocess.run([sys.executable, __file__, "--child", v, str(a.calls), log], check=True,
+                                     capture_output=True, text=True, cwd=ROOT,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+                row = json.loads(res.stdout)
+                row["round"] = r + 1
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"calls": a.calls, "python": sys.version.split()[0], "rows": rows},
+                                          indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -638,14 +638,14 @@ class Discovery:
             lns_calls_listed = frozenset((st.peer, st.peer_tunnel_id, cid) for tunnels in status.values()
                                          for st in tunnels for cid in st.calls)
             our_tid: Callable[[StatusTunnel], Optional[int]]
+            tunnels_asked: Optional[float]  # None: with this answer (Listed)
             if av is None:
                 # status-lns alone (fetch_control's lns_calls_only): no tunnel is
                 # found gone, and a listed call is placed only in a tunnel the
                 # model holds to that peer with that peer tunnel id
                 prev = self.listed.get(ins.name)
-                self.listed[ins.name] = Listed(
-                    asked, prev.tunnels if prev else frozenset(), lns_calls_listed, time.monotonic(),
-                    prev.tunnels_since() if prev else float("-inf"))
+                listed_tunnels, tunnels_asked = (prev.tunnels, prev.tunnels_since()) if prev \
+                    else (frozenset(), float("-inf"))
                 held: dict[tuple[str, int], list[int]] = {}
                 for x in ins.all_tunnels():
                     if x.peer_tunnel_id is not None:
@@ -657,6 +657,7 @@ class Discovery:
             else:
                 self._lns_sections[s.name] = (self._control_pid.get(s.name), list(av.lns))
                 live = frozenset((t.tunnel_id, t.peer_tunnel_id) for t in av.tunnels)
+                listed_tunnels, tunnels_asked = live, None
                 live_tids = {tid for tid, _ in live}
                 # by pair: xl2tpd may have given a gone tunnel's id to a new one (or to a second live one)
                 for gone in [t for tid in ins.tunnels if then_tids is None or tid in then_tids
@@ -680,7 +681,7 @@ class Discovery:
                                 and x.peer == st.peer and x.peer_tunnel_id == st.peer_tunnel_id]
                     return tids[0] if len(tids) == 1 else None
 
-                self.listed[ins.name] = Listed(asked, live, lns_calls_listed, time.monotonic())
+            self.listed[ins.name] = Listed(asked, listed_tunnels, lns_calls_listed, time.monotonic(), tunnels_asked)
             lns_calls: set[CallKey] = set()
             for section, tunnels in status.items():
                 for st in tunnels:

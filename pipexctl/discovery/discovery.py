@@ -314,9 +314,21 @@ class Listed:
     # when `tunnels` was asked for, if before `asked`: a question for the calls
     # only (status-lns) keeps the last `available`'s tunnels
     tunnels_asked: Optional[float] = None
+    # (asked, answered) of this answer and the few before it: barrier_after
+    recent: tuple[tuple[float, float], ...] = ()
 
     def tunnels_since(self) -> float:
         return self.asked if self.tunnels_asked is None else self.tunnels_asked
+
+    def barrier_after(self, since: Optional[float]) -> float:
+        """When a log barrier must have been sent for a claim judged by an
+        answer asked after ``since``: after the first such answer came, since
+        that one already came after the pppd's line (a later answer's own
+        barrier is not needed, and with answers asked back to back in a storm
+        it would keep a request waiting)."""
+        if since is None:
+            return self.answered
+        return min((answered for asked, answered in self.recent if asked >= since), default=self.answered)
 
 
 @dataclass
@@ -327,6 +339,10 @@ class Source:
     control: Optional[ControlClient] = None
     barrier: Optional[LogBarrier] = None  # a syslog-written file with a control pipe (barrier.py)
 
+
+# answers kept per instance for Listed.barrier_after: more than are asked
+# between a pppd's line and its request in a storm
+_RECENT_ANSWERS = 16
 
 # One control pipe's answer (Discovery.fetch_control): its source, when it
 # was asked (monotonic), `available` (None for a question about the LNS
@@ -496,15 +512,16 @@ class Discovery:
         ls = self.listed.get(instance)
         return None if ls is None else (tunnel_id, peer_tunnel_id) in ls.tunnels
 
-    def barrier(self, instance: str) -> Literal["passed", "wait", "absent", "none"]:
+    def barrier(self, instance: str, since: Optional[float] = None) -> Literal["passed", "wait", "absent", "none"]:
         """Whether every line ``instance``'s xl2tpd wrote before its control
-        pipe's last answer has been read (barrier.py): ``none`` when no
-        barrier applies (no answer yet, the journal, no syslog socket given)."""
+        pipe's first answer asked after ``since`` (its last answer without
+        ``since``) has been read (barrier.py): ``none`` when no barrier
+        applies (no answer yet, the journal, no syslog socket given)."""
         s = next((s for s in self.sources if _of_source(instance, s)), None)
         ls = self.listed.get(instance)
         if s is None or s.barrier is None or ls is None:
             return "none"
-        st = s.barrier.state(ls.answered)
+        st = s.barrier.state(ls.barrier_after(since))
         self._barrier_note(s)
         return st
 
@@ -681,7 +698,9 @@ class Discovery:
                                 and x.peer == st.peer and x.peer_tunnel_id == st.peer_tunnel_id]
                     return tids[0] if len(tids) == 1 else None
 
-            self.listed[ins.name] = Listed(asked, listed_tunnels, lns_calls_listed, time.monotonic(), tunnels_asked)
+            now, prev = time.monotonic(), self.listed.get(ins.name)
+            recent = (prev.recent[-(_RECENT_ANSWERS - 1):] if prev else ()) + ((asked, now),)
+            self.listed[ins.name] = Listed(asked, listed_tunnels, lns_calls_listed, now, tunnels_asked, recent)
             lns_calls: set[CallKey] = set()
             for section, tunnels in status.items():
                 for st in tunnels:

@@ -42,6 +42,7 @@ def status(svc: "OffloadService") -> dict[str, Any]:
             "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked,
                       "unbarriered_calls": svc.watch.unbarriered,
                       "control_questions": svc.watch.questions,
+                      "control_questions_ahead": svc.watch.questions_ahead,
                       "xl2tpd_socket_drops": svc.watch.udp_drops.dropped,
                       "disputed_calls": svc.watch.discovery.tracker.disputes},
             "datapath": svc.datapath.stats(),

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from .. import defaults
 from ..discovery import checkpoint, procscan, udpdrops
 from ..discovery.discovery import Discovery, Scanned
-from ..discovery.state import CallInfo, DataPath, Event, Role
+from ..discovery.state import CallInfo, CallUp, CallUpdated, DataPath, Event, Role
 
 if TYPE_CHECKING:
     from _typeshed import HasFileno
@@ -136,7 +136,13 @@ class CallWatch:
         self.unbarriered = 0  # calls answered from a log that does not carry the daemon's barrier line
         self._paths: Counter[tuple[Role, DataPath]] = Counter()
         self._asking: Optional[float] = None  # when the control question now out was asked
+        self._asked = float("-inf")  # when the last question went out (monotonic)
         self.questions = 0  # questions asked in all (status)
+        # a question asked as soon as an LNS pppd's line is read, ahead of its
+        # request (_ask_ahead): asked for the newest such line read at `_ahead_for`
+        self._ahead = threading.Event()
+        self._ahead_for = float("-inf")
+        self.questions_ahead = 0  # of `questions` (status)
         self.udp_drops = udpdrops.DropWatch(xl2tpd_port)  # xl2tpd's socket overflowing (a login storm)
         self.scan_cpu = 0.0  # CPU seconds of the last full poll (SCAN_SHARE)
         self.checkpoint_path = checkpoint_path
@@ -258,7 +264,7 @@ class CallWatch:
             if complete and "line" not in timing:
                 timing["line"] = time.monotonic()  # call_of makes it a duration
             if mine is not None and complete and verdict[id(mine)] is not None:
-                bar = self.discovery.barrier(mine.instance)
+                bar = self.discovery.barrier(mine.instance, since)
                 if bar == "wait":
                     # xl2tpd's lines up to its answer are still on their way through
                     # syslog: a second line naming this pppd may be among them
@@ -330,6 +336,9 @@ class CallWatch:
         """Queue what a read of the model found; wake the waiting requests
         when it may have changed the model.  The caller holds the lock."""
         self.pending += ev
+        if any(self._wants_answer(e) for e in ev):
+            self._ahead_for = time.monotonic()
+            self._ahead.set()
         lines = self.discovery.lines_read()
         if ev or changed or lines != self._lines:
             self._lines = lines
@@ -355,7 +364,7 @@ class CallWatch:
         watcher)."""
         known = self.discovery.control_known()
         self.questions += 1
-        self._asking = time.monotonic()
+        self._asking = self._asked = time.monotonic()
         self.lock.release()
         try:
             answers = self.discovery.fetch_control(lns_calls_only)
@@ -365,6 +374,39 @@ class CallWatch:
         # failures join discovery.warnings: _poll logs them
         self._take(self.discovery.apply_control(answers, known), changed=True)
         return [e for *_, e in answers if e is not None]
+
+    def _wants_answer(self, e: Event) -> bool:
+        """``e`` is an LNS pppd's line, whose request will want the control
+        pipe's word on it (not a journal entry: xl2tpd's own word, _own_entry)."""
+        if not (isinstance(e, CallUp) and e.call.pppd_pid is not None
+                or isinstance(e, CallUpdated) and "pppd_pid" in e.fields):
+            return False
+        c = e.call
+        return (c.role == "lns" and c.data_path != "kernel" and self.discovery.has_control(c.instance)
+                and not self.discovery.authenticated(c.instance))
+
+    def ask_ahead(self, done: threading.Event) -> None:
+        """The asker thread, until ``done``: a question about the LNS calls as
+        soon as an LNS pppd's line is read.  xl2tpd logs that line after
+        forking the pppd, so the answer serves the pppd's request (call_of),
+        which in a login storm comes seconds later and would otherwise ask
+        and wait a pass of xl2tpd's busy loop.  One question is out at a
+        time; lines read while one is out get one more after it, unless a
+        request asked one meanwhile."""
+        while True:
+            self._ahead.wait()
+            if done.is_set():
+                return
+            self._ahead.clear()
+            with self.lock:
+                while self._asking is not None and not done.is_set():
+                    self.polled.wait(0.5)
+                if done.is_set():
+                    return
+                if self._asked >= self._ahead_for:
+                    continue  # a question went out after the line: its answer serves
+                self.questions_ahead += 1
+                _survive(lambda: self._ask_control(lns_calls_only=True))
 
     @staticmethod
     def _refute(refuted: dict[tuple[str, Optional[int], int], CallInfo], pid: int, calls: list[CallInfo],
@@ -444,6 +486,9 @@ class CallWatch:
             if src is not None and hasattr(src, "fileno"):
                 sel.register(src, selectors.EVENT_READ, src)
         last = checked = time.monotonic()
+        done = threading.Event()
+        asker = threading.Thread(target=self.ask_ahead, args=(done,), name="control-ahead", daemon=True)
+        asker.start()
         try:
             while not stop.is_set():
                 quick = self.waiting or busy() or time.monotonic() - self.active < self.ACTIVE_FOR
@@ -473,6 +518,9 @@ class CallWatch:
                     _survive(self.save_checkpoint)
         finally:
             sel.close()
+            done.set()
+            self._ahead.set()
+            asker.join(5.0)  # a question out ends within the control pipe's timeout
 
     def _check_drops(self) -> None:
         pids = [i.daemon_pid for i in list(self.discovery.tracker.instances.values()) if i.daemon_pid]

@@ -508,6 +508,65 @@ def test_an_answer_asked_after_the_pppd_was_forked_judges_its_request(watched, a
         pppd.wait()
 
 
+def test_an_lns_pppds_line_is_asked_about_before_its_request_comes(watched):
+    """xl2tpd logs an LNS pppd's line after forking it: a question asked as
+    soon as the line is read serves the request that pppd makes later (in a
+    login storm, seconds later), which then asks nothing itself.  A line
+    read while that question is out gets one more question after it."""
+    import threading
+
+    w, log = watched
+    gate = threading.Event()
+
+    class Slow(StubControl):
+        def status_lns(self, name):
+            gate.wait(5)
+            return super().status_lns(name)
+
+    stub = _with_control(w, Slow([100, 200]))
+    done = threading.Event()
+    asker = threading.Thread(target=w.ask_ahead, args=(done,), daemon=True)
+    asker.start()
+    pppds = [_pppd_for(), _pppd_for()]
+
+    def read():
+        with w.lock:
+            w._take(w.discovery.poll(reconcile=False))
+
+    def until(cond):
+        end = time.monotonic() + 5
+        while not cond() and time.monotonic() < end:
+            time.sleep(0.01)
+        assert cond()
+
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(pppds[0].pid, 100))
+        read()
+        until(lambda: w._asking is not None)  # asked at once, with no request
+        with log.open("a") as f:
+            f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: {pppds[1].pid}, Local: 200, Remote: 201, "
+                    f"Serial: 2\n")
+        read()
+        gate.set()
+        until(lambda: stub.asked == 2 and w._asking is None)
+        assert w.questions_ahead == 2 and stub.full == 1  # the second about the LNS calls only
+        for p, cid in zip(pppds, (100, 200)):
+            call, why = w.call_of(p.pid, 3.0)
+            assert call is not None and call.call_id == cid, why
+        assert stub.asked == 2 and w.questions == 2  # the requests asked nothing
+        read()  # nothing new: no question
+        time.sleep(0.1)
+        assert stub.asked == 2
+    finally:
+        done.set()
+        w._ahead.set()
+        asker.join(5)
+        for p in pppds:
+            p.kill()
+            p.wait()
+
+
 def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):
     import threading
 
@@ -1170,6 +1229,33 @@ def test_a_barrier_counts_only_when_sent_after_the_answer_was_taken_in(tmp_path)
         assert d.barrier("x") == "wait" and rx.recv(512)  # so a new one goes out
         d.listed["x"] = Listed(t0, frozenset(), frozenset(), t0)
         assert d.barrier("x") == "passed"
+        d.close()
+
+
+def test_a_claim_needs_the_barrier_of_the_first_answer_asked_after_its_fork_not_of_the_last(tmp_path):
+    """Any answer asked after the pppd's fork came after its line went to
+    syslog: a barrier sent after the first such answer was taken in is
+    enough, and later answers (asked back to back in a storm) do not make
+    the request wait for barriers of their own."""
+    import socket
+
+    from pipexctl.discovery.discovery import Listed
+
+    sock = tmp_path / "dev-log"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as rx:
+        rx.bind(str(sock))
+        d = Discovery([str(tmp_path / "log")], ["stub"], proc=False, kernel=False, barrier_socket=str(sock))
+        (s,) = d.sources
+        s.name = "x"
+        t = time.monotonic()
+        fork, a1, a2 = t - 3.0, t - 2.0, t - 1.0  # answers asked at a1 (after the fork) and a2
+        # a barrier sent after the first answer was taken in, and read back
+        s.barrier.carried, s.barrier.sent, s.barrier.passed = True, a1 + 0.2, a1 + 0.2
+        d.listed["x"] = Listed(a2, frozenset(), frozenset(), a2 + 0.1, recent=((fork - 1, fork - 0.9),
+                                                                                (a1, a1 + 0.1), (a2, a2 + 0.1)))
+        assert d.barrier("x", fork) == "passed"
+        assert d.barrier("x", a1 + 0.05) == "wait" and rx.recv(512)  # only the later answer serves: its own barrier
+        assert d.listed["x"].barrier_after(None) == a2 + 0.1
         d.close()
 
 

@@ -139,7 +139,7 @@ class CallWatch:
         self._asked = float("-inf")  # when the last question went out (monotonic)
         self.questions = 0  # questions asked in all (status)
         # a question asked as soon as an LNS pppd's line is read, ahead of its
-        # request (_ask_ahead): asked for the newest such line read at `_ahead_for`
+        # request (ask_ahead): asked for the newest such line, read at `_ahead_for`
         self._ahead = threading.Event()
         self._ahead_for = float("-inf")
         self.questions_ahead = 0  # of `questions` (status)

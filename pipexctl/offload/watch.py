@@ -390,7 +390,8 @@ class CallWatch:
         soon as an LNS pppd's line is read.  xl2tpd logs that line after
         forking the pppd, so the answer serves the pppd's request (call_of),
         which in a login storm comes seconds later and would otherwise ask
-        and wait a pass of xl2tpd's busy loop.  One question is out at a
+        and wait a pass of xl2tpd's busy loop (and then its barrier's trip
+        through syslog).  One question is out at a
         time; lines read while one is out get one more after it, unless a
         request asked one meanwhile."""
         while True:
@@ -406,7 +407,15 @@ class CallWatch:
                 if self._asked >= self._ahead_for:
                     continue  # a question went out after the line: its answer serves
                 self.questions_ahead += 1
-                _survive(lambda: self._ask_control(lns_calls_only=True))
+                _survive(self._ask_and_send_barriers)
+
+    def _ask_and_send_barriers(self) -> None:
+        """The asker's question, then a log barrier after its answer (a log
+        that syslog writes, barrier.py): on its way back through syslog
+        before the request wants it.  The caller holds the lock."""
+        self._ask_control(lns_calls_only=True)
+        for name in list(self.discovery.listed):
+            self.discovery.barrier(name)
 
     @staticmethod
     def _refute(refuted: dict[tuple[str, Optional[int], int], CallInfo], pid: int, calls: list[CallInfo],

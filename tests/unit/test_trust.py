@@ -567,6 +567,47 @@ def test_an_lns_pppds_line_is_asked_about_before_its_request_comes(watched):
             p.wait()
 
 
+def test_the_askers_answer_sends_its_log_barrier_before_any_request(tmp_path):
+    """On a log that syslog writes, a request also waits for a barrier sent
+    after its answer: the asker sends it with its answer, so it is on its
+    way back through syslog before the pppd asks."""
+    import socket
+    import threading
+
+    from pipexctl.offload.watch import CallWatch
+
+    sock = tmp_path / "dev-log"
+    log = tmp_path / "syslog"
+    log.write_text("xl2tpd[147]: xl2tpd version xl2tpd-1.3.18 started on (none) PID:147\n")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as rx:
+        rx.bind(str(sock))
+        rx.settimeout(5)
+        d = Discovery([str(log)], ["stub"], proc=False, kernel=False, barrier_socket=str(sock))
+        d.refresh(events=False)
+        w = CallWatch(d)
+        stub = _with_control(w, StubControl([100]))
+        done = threading.Event()
+        asker = threading.Thread(target=w.ask_ahead, args=(done,), daemon=True)
+        asker.start()
+        pppd = _pppd_for()
+        try:
+            with log.open("a") as f:
+                f.write(_call_lines(pppd.pid, 100))
+            with w.lock:
+                w._take(w.discovery.poll(reconcile=False))
+            assert b"log barrier" in rx.recv(512)  # sent with no request made
+            assert stub.asked == 1 and w.questions_ahead == 1
+            ls = d.listed[str(log)]
+            assert d.sources[0].barrier.sent >= ls.answered
+        finally:
+            done.set()
+            w._ahead.set()
+            asker.join(5)
+            pppd.kill()
+            pppd.wait()
+            d.close()
+
+
 def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):
     import threading
 

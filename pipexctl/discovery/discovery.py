@@ -545,6 +545,11 @@ class Discovery:
         that xl2tpd, and a peer's text stays inside one of its entries."""
         return any(isinstance(s.reader, Journal) and _of_source(instance, s) for s in self.sources)
 
+    def control_given(self, instance: str) -> bool:
+        """A control pipe is given for the stream ``instance`` writes to (not
+        looked up: which xl2tpd of the stream it answers for, has_control)."""
+        return any(s.control is not None and _of_source(instance, s) for s in self.sources)
+
     def has_control(self, instance: str) -> bool:
         return any(s.control is not None and self._control_instance(s).name == instance for s in self.sources)
 

@@ -96,6 +96,9 @@ class CallWatch:
     # a control answer judges a request's claim if asked after its pppd was
     # forked and at most this long before the request (call_of)
     ANSWER_AGE = 10.0
+    # the asker's questions at most this often (ask_ahead); in a storm on
+    # TCG, xl2tpd took 0.2 s and more per answer anyway (docs/offload.md)
+    ASK_AHEAD_GAP = 0.2
     # /proc and kernel scans are the costly part: every reconcile_interval
     # while calls come and go, every IDLE_RECONCILE when nothing happens
     # (ends are confirmed by exits, not by the scans)
@@ -382,7 +385,8 @@ class CallWatch:
                 or isinstance(e, CallUpdated) and "pppd_pid" in e.fields):
             return False
         c = e.call
-        return (c.role == "lns" and c.data_path != "kernel" and self.discovery.has_control(c.instance)
+        # control_given, not has_control: no /proc scan in a log read
+        return (c.role == "lns" and c.data_path != "kernel" and self.discovery.control_given(c.instance)
                 and not self.discovery.authenticated(c.instance))
 
     def ask_ahead(self, done: threading.Event) -> None:
@@ -393,9 +397,15 @@ class CallWatch:
         and wait a pass of xl2tpd's busy loop (and then its barrier's trip
         through syslog).  One question is out at a
         time; lines read while one is out get one more after it, unless a
-        request asked one meanwhile."""
+        request asked one meanwhile.  At most one of its own every
+        ASK_AHEAD_GAP: anyone may write a line, and each answer costs xl2tpd
+        and the daemon work in proportion to the calls."""
+        last = float("-inf")
         while True:
             self._ahead.wait()
+            if done.is_set():
+                return
+            done.wait(max(0.0, last + self.ASK_AHEAD_GAP - time.monotonic()))
             if done.is_set():
                 return
             self._ahead.clear()
@@ -407,13 +417,16 @@ class CallWatch:
                 if self._asked >= self._ahead_for:
                     continue  # a question went out after the line: its answer serves
                 self.questions_ahead += 1
-                _survive(self._ask_and_send_barriers)
+                last = time.monotonic()
+                _survive(lambda: self._ask_and_send_barriers(done))
 
-    def _ask_and_send_barriers(self) -> None:
+    def _ask_and_send_barriers(self, done: threading.Event) -> None:
         """The asker's question, then a log barrier after its answer (a log
         that syslog writes, barrier.py): on its way back through syslog
         before the request wants it.  The caller holds the lock."""
         self._ask_control(lns_calls_only=True)
+        if done.is_set():  # the daemon is stopping: nothing more sent
+            return
         for name in list(self.discovery.listed):
             self.discovery.barrier(name)
 
@@ -529,7 +542,9 @@ class CallWatch:
             sel.close()
             done.set()
             self._ahead.set()
-            asker.join(5.0)  # a question out ends within the control pipe's timeout
+            # a question out ends within the control pipe's timeouts (2 s
+            # each); a daemon thread, so the stop does not wait for more
+            asker.join(5.0)
 
     def _check_drops(self) -> None:
         pids = [i.daemon_pid for i in list(self.discovery.tracker.instances.values()) if i.daemon_pid]

@@ -596,9 +596,10 @@ def test_the_askers_answer_sends_its_log_barrier_before_any_request(tmp_path):
             with w.lock:
                 w._take(w.discovery.poll(reconcile=False))
             assert b"log barrier" in rx.recv(512)  # sent with no request made
-            assert stub.asked == 1 and w.questions_ahead == 1
-            ls = d.listed[str(log)]
-            assert d.sources[0].barrier.sent >= ls.answered
+            with w.lock:  # the asker sends it holding the lock: its bookkeeping done after
+                assert stub.asked == 1 and w.questions_ahead == 1
+                ls = d.listed[str(log)]
+                assert d.sources[0].barrier.sent >= ls.answered
         finally:
             done.set()
             w._ahead.set()
@@ -606,6 +607,38 @@ def test_the_askers_answer_sends_its_log_barrier_before_any_request(tmp_path):
             pppd.kill()
             pppd.wait()
             d.close()
+
+
+def test_the_asker_asks_at_most_once_a_gap_however_many_lines_come(watched):
+    """Anyone may write a line: a flood of them (each a new LNS call with a
+    pid) gets at most one question every ASK_AHEAD_GAP, not one per line."""
+    import threading
+
+    w, log = watched
+    stub = _with_control(w, StubControl([]))
+    w.ASK_AHEAD_GAP = 0.3
+    done = threading.Event()
+    asker = threading.Thread(target=w.ask_ahead, args=(done,), daemon=True)
+    asker.start()
+    try:
+        with log.open("a") as f:
+            f.write(_call_lines(50000, 100).split("\n")[0] + "\n")  # the tunnel line
+        t0 = time.monotonic()
+        for i in range(30):
+            with log.open("a") as f:
+                f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: {50001 + i}, Local: {200 + i}, "
+                        f"Remote: {300 + i}, Serial: {i}\n")
+            with w.lock:
+                w._take(w.discovery.poll(reconcile=False))
+            time.sleep(0.02)
+        time.sleep(0.1)
+        took = time.monotonic() - t0
+        assert 2 <= w.questions_ahead <= took / w.ASK_AHEAD_GAP + 1, (w.questions_ahead, took)
+        assert stub.asked == w.questions_ahead
+    finally:
+        done.set()
+        w._ahead.set()
+        asker.join(5)
 
 
 def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):
@@ -1285,6 +1318,7 @@ def test_a_claim_needs_the_barrier_of_the_first_answer_asked_after_its_fork_not_
     sock = tmp_path / "dev-log"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as rx:
         rx.bind(str(sock))
+        rx.settimeout(5)
         d = Discovery([str(tmp_path / "log")], ["stub"], proc=False, kernel=False, barrier_socket=str(sock))
         (s,) = d.sources
         s.name = "x"

@@ -11,13 +11,14 @@ offload service from one thread, in order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from .. import defaults
 from ..discovery import checkpoint, procscan, udpdrops
@@ -420,6 +421,21 @@ class CallWatch:
                 last = time.monotonic()
                 _survive(lambda: self._ask_and_send_barriers(done))
 
+    @contextlib.contextmanager
+    def asking_ahead(self) -> Iterator[None]:
+        """The asker thread (ask_ahead), for as long as the block runs."""
+        done = threading.Event()
+        asker = threading.Thread(target=self.ask_ahead, args=(done,), name="control-ahead", daemon=True)
+        asker.start()
+        try:
+            yield
+        finally:
+            done.set()
+            self._ahead.set()
+            # a question out ends within the control pipe's timeouts (2 s
+            # each); a daemon thread, so the stop does not wait for more
+            asker.join(5.0)
+
     def _ask_and_send_barriers(self, done: threading.Event) -> None:
         """The asker's question, then a log barrier after its answer (a log
         that syslog writes, barrier.py): on its way back through syslog
@@ -508,10 +524,7 @@ class CallWatch:
             if src is not None and hasattr(src, "fileno"):
                 sel.register(src, selectors.EVENT_READ, src)
         last = checked = time.monotonic()
-        done = threading.Event()
-        asker = threading.Thread(target=self.ask_ahead, args=(done,), name="control-ahead", daemon=True)
-        asker.start()
-        try:
+        with sel, self.asking_ahead():
             while not stop.is_set():
                 quick = self.waiting or busy() or time.monotonic() - self.active < self.ACTIVE_FOR
                 period = self.log_interval if quick else self.IDLE_INTERVAL
@@ -538,13 +551,6 @@ class CallWatch:
                 if now - self._saved_at[0] >= self.CHECKPOINT_EVERY:
                     self._saved_at = (now, self._saved_at[1])
                     _survive(self.save_checkpoint)
-        finally:
-            sel.close()
-            done.set()
-            self._ahead.set()
-            # a question out ends within the control pipe's timeouts (2 s
-            # each); a daemon thread, so the stop does not wait for more
-            asker.join(5.0)
 
     def _check_drops(self) -> None:
         pids = [i.daemon_pid for i in list(self.discovery.tracker.instances.values()) if i.daemon_pid]

@@ -524,9 +524,6 @@ def test_an_lns_pppds_line_is_asked_about_before_its_request_comes(watched):
             return super().status_lns(name)
 
     stub = _with_control(w, Slow([100, 200]))
-    done = threading.Event()
-    asker = threading.Thread(target=w.ask_ahead, args=(done,), daemon=True)
-    asker.start()
     pppds = [_pppd_for(), _pppd_for()]
 
     def read():
@@ -540,28 +537,27 @@ def test_an_lns_pppds_line_is_asked_about_before_its_request_comes(watched):
         assert cond()
 
     try:
-        with log.open("a") as f:
-            f.write(_call_lines(pppds[0].pid, 100))
-        read()
-        until(lambda: w._asking is not None)  # asked at once, with no request
-        with log.open("a") as f:
-            f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: {pppds[1].pid}, Local: 200, Remote: 201, "
-                    f"Serial: 2\n")
-        read()
-        gate.set()
-        until(lambda: stub.asked == 2 and w._asking is None)
-        assert w.questions_ahead == 2 and stub.full == 1  # the second about the LNS calls only
-        for p, cid in zip(pppds, (100, 200)):
-            call, why = w.call_of(p.pid, 3.0)
-            assert call is not None and call.call_id == cid, why
-        assert stub.asked == 2 and w.questions == 2  # the requests asked nothing
-        read()  # nothing new: no question
-        time.sleep(0.1)
-        assert stub.asked == 2
+        with w.asking_ahead():
+            with log.open("a") as f:
+                f.write(_call_lines(pppds[0].pid, 100))
+            read()
+            until(lambda: w._asking is not None)  # asked at once, with no request
+            with log.open("a") as f:
+                f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: {pppds[1].pid}, Local: 200, "
+                        f"Remote: 201, Serial: 2\n")
+            read()
+            gate.set()
+            until(lambda: stub.asked == 2 and w._asking is None)
+            assert w.questions_ahead == 2 and stub.full == 1  # the second about the LNS calls only
+            for p, cid in zip(pppds, (100, 200)):
+                call, why = w.call_of(p.pid, 3.0)
+                assert call is not None and call.call_id == cid, why
+            assert stub.asked == 2 and w.questions == 2  # the requests asked nothing
+            read()  # nothing new: no question
+            time.sleep(0.1)
+            assert stub.asked == 2
     finally:
-        done.set()
-        w._ahead.set()
-        asker.join(5)
+        gate.set()
         for p in pppds:
             p.kill()
             p.wait()
@@ -572,7 +568,6 @@ def test_the_askers_answer_sends_its_log_barrier_before_any_request(tmp_path):
     after its answer: the asker sends it with its answer, so it is on its
     way back through syslog before the pppd asks."""
     import socket
-    import threading
 
     from pipexctl.offload.watch import CallWatch
 
@@ -586,24 +581,19 @@ def test_the_askers_answer_sends_its_log_barrier_before_any_request(tmp_path):
         d.refresh(events=False)
         w = CallWatch(d)
         stub = _with_control(w, StubControl([100]))
-        done = threading.Event()
-        asker = threading.Thread(target=w.ask_ahead, args=(done,), daemon=True)
-        asker.start()
         pppd = _pppd_for()
         try:
-            with log.open("a") as f:
-                f.write(_call_lines(pppd.pid, 100))
-            with w.lock:
-                w._take(w.discovery.poll(reconcile=False))
-            assert b"log barrier" in rx.recv(512)  # sent with no request made
-            with w.lock:  # the asker sends it holding the lock: its bookkeeping done after
-                assert stub.asked == 1 and w.questions_ahead == 1
-                ls = d.listed[str(log)]
-                assert d.sources[0].barrier.sent >= ls.answered
+            with w.asking_ahead():
+                with log.open("a") as f:
+                    f.write(_call_lines(pppd.pid, 100))
+                with w.lock:
+                    w._take(w.discovery.poll(reconcile=False))
+                assert b"log barrier" in rx.recv(512)  # sent with no request made
+                with w.lock:  # the asker sends it holding the lock: its bookkeeping done after
+                    assert stub.asked == 1 and w.questions_ahead == 1
+                    ls = d.listed[str(log)]
+                    assert d.sources[0].barrier.sent >= ls.answered
         finally:
-            done.set()
-            w._ahead.set()
-            asker.join(5)
             pppd.kill()
             pppd.wait()
             d.close()
@@ -612,15 +602,10 @@ def test_the_askers_answer_sends_its_log_barrier_before_any_request(tmp_path):
 def test_the_asker_asks_at_most_once_a_gap_however_many_lines_come(watched):
     """Anyone may write a line: a flood of them (each a new LNS call with a
     pid) gets at most one question every ASK_AHEAD_GAP, not one per line."""
-    import threading
-
     w, log = watched
     stub = _with_control(w, StubControl([]))
     w.ASK_AHEAD_GAP = 0.3
-    done = threading.Event()
-    asker = threading.Thread(target=w.ask_ahead, args=(done,), daemon=True)
-    asker.start()
-    try:
+    with w.asking_ahead():
         with log.open("a") as f:
             f.write(_call_lines(50000, 100).split("\n")[0] + "\n")  # the tunnel line
         t0 = time.monotonic()
@@ -635,10 +620,6 @@ def test_the_asker_asks_at_most_once_a_gap_however_many_lines_come(watched):
         took = time.monotonic() - t0
         assert 2 <= w.questions_ahead <= took / w.ASK_AHEAD_GAP + 1, (w.questions_ahead, took)
         assert stub.asked == w.questions_ahead
-    finally:
-        done.set()
-        w._ahead.set()
-        asker.join(5)
 
 
 def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):

@@ -3,10 +3,12 @@ of K LAC namespaces (each its own tunnel and address), against one LNS.
 
 Two rounds per K, in one boot:
 - (c) the LNS's xl2tpd in kernel mode (pppol2tp.so): time until every call
-  is up (K PPP links with IPCP done on the LNS);
+  is up (K PPP links with IPCP done on the LNS, each timed as the kernel
+  announces its IPv4 address: AddrEvents);
 - (d) the LNS's xl2tpd in userspace mode with `pipexctl serve` (at the
   unit's nice value) and the plugin: time until every call is up and
-  offloaded (K PPP links, and K PPPoL2TP sessions in /proc/net/pppol2tp),
+  offloaded (K PPP links, and K PPPoL2TP sessions in /proc/net/pppol2tp,
+  read every 0.1 s),
   and the request -> channel latency from the daemon's own records.
 - (s) as (d), with a client scraping the daemon's Prometheus endpoint back
   to back for the whole storm: what a scrape loop costs the offloads
@@ -40,12 +42,16 @@ import json
 import os
 import re
 import socket
+import struct
 import sys
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_NEWADDR, RTMGRP_IPV4_IFADDR  # noqa: E402
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg  # noqa: E402
 
 from pipexctl import netns  # noqa: E402
 from pipexctl.discovery import udpdrops  # noqa: E402
@@ -61,6 +67,68 @@ def pppol2tp_sessions(ns: str) -> int:
     with netns.enter(ns):
         text = Path("/proc/thread-self/net/pppol2tp").read_text()
     return sum(1 for line in text.splitlines() if line.lstrip().startswith("SESSION '"))
+
+
+class AddrEvents:
+    """When each PPP link in ``ns`` got its IPv4 address (IPCP done), from the
+    kernel's rtnetlink notifications, stamped as they arrive.  Counting the
+    links with `ip -j addr show` instead took 4 to 13 s per count in a K = 153
+    storm (a dump interrupted by links coming and going is taken again, each
+    time by a new `ip` process on a saturated guest), so a round's time to all
+    up was known only to within that step.  Decoded with pyroute2's ifaddrmsg.
+    ``overrun``: the socket's queue overflowed (ENOBUFS) and events were lost;
+    the caller counts by dump then."""
+
+    def __init__(self, ns: str, prefix: str = "ppp") -> None:
+        self.prefix = prefix  # of the links' names
+        with netns.enter(ns):  # the socket belongs to the namespace it is made in
+            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.sock.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)  # SO_RCVBUFFORCE: root, past rmem_max
+        self.sock.bind((0, RTMGRP_IPV4_IFADDR))
+        self.sock.settimeout(0.2)
+        self.t0 = time.monotonic()
+        self.links: dict[int, float] = {}  # ifindex of a ppp link with an IPv4 address -> when it got it
+        self.up_at: list[float] = []  # seconds from t0 at which the count first reached i + 1
+        self.overrun = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def start(self) -> None:
+        """Count from now (the first dial)."""
+        self.t0 = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(1 << 20)
+            except socket.timeout:
+                continue
+            except OSError:  # ENOBUFS: the queue overflowed
+                self.overrun = True
+                return
+            now = time.monotonic()
+            off = 0
+            while off + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, off)
+                if length < 16:
+                    break
+                if kind in (RTM_NEWADDR, RTM_DELADDR):
+                    m = ifaddrmsg(data[off:off + length])
+                    m.decode()
+                    if m["family"] == socket.AF_INET and (m.get_attr("IFA_LABEL") or "").startswith(self.prefix):
+                        if kind == RTM_NEWADDR:
+                            self.links.setdefault(m["index"], now)
+                        else:
+                            self.links.pop(m["index"], None)
+                        if len(self.links) > len(self.up_at):
+                            self.up_at.append(round(now - self.t0, 2))
+                off += (length + 3) & ~3
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
 
 
 def udp_counters(ns: str) -> dict[str, int]:
@@ -178,7 +246,9 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
             threading.Thread(target=scrape_loop, args=(lab.lns.ns, stop, scrapes), daemon=True).start()
             time.sleep(1)  # the loop running before the first dial
         serve_pid = lab.serves[-1].pid if offload else None  # `ip netns exec` execs the daemon: its pid
+        events = logger.enter_context(contextlib.closing(AddrEvents(lab.lns.ns)))
         cpu0, machine0 = (process_jiffies(serve_pid, children=True) if serve_pid else 0), cpu_jiffies()
+        events.start()
         t0 = time.monotonic()
         for lac in lab.lacs:
             lab.control(lac, "c lns")
@@ -195,7 +265,10 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
                 rss_seen.append(serve_memory(serve_pid)["rss_mib"])
             if offload and offloaded is None:
                 offloaded = reached(offloaded_at, pppol2tp_sessions(lab.lns.ns), k, t0)
-            if up is None:
+            if up is None and not events.overrun:
+                up = events.up_at[k - 1] if len(events.up_at) >= k else None
+            elif up is None:  # events were lost: counted by dump from here on, in steps of seconds
+                up_at[:] = up_at or events.up_at
                 up = reached(up_at, len(ppp_inet_links(lab.lns.ns)), k, t0)
             if up is not None and (offloaded is not None or not offload):
                 break
@@ -203,8 +276,12 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         stop.set()
         machine1 = cpu_jiffies()
         out = {"k": k, "max_retries": max_retries or None, "serve_nice": serve_nice or None,
-               "dial_seconds": round(dialled, 2), "all_up_seconds": up, "up_at": up_at,
-               "links_up": len(ppp_inet_links(lab.lns.ns)), "objects": kernel_objects(lab.lns.ns),
+               "dial_seconds": round(dialled, 2), "all_up_seconds": up,
+               "up_at": up_at if events.overrun else list(events.up_at),
+               "up_counted_by": "ip addr dumps (rtnetlink events lost)" if events.overrun else "rtnetlink events",
+               # the same count two ways: the events' against a dump at the end
+               "links_up": len(ppp_inet_links(lab.lns.ns)), "links_up_by_events": len(events.links),
+               "objects": kernel_objects(lab.lns.ns),
                # why a round loses calls: xl2tpd's timed-out tunnels, the LNS's dropped datagrams
                "max_retries_exceeded": timeouts(lab), "tunnel_id_clashes": clashes(lab),
                "lns_udp": udp_counters(lab.lns.ns),

@@ -8,7 +8,7 @@ Two rounds per K, in one boot:
 - (d) the LNS's xl2tpd in userspace mode with `pipexctl serve` (at the
   unit's nice value) and the plugin: time until every call is up and
   offloaded (K PPP links, and K PPPoL2TP sessions in /proc/net/pppol2tp,
-  read every 0.1 s),
+  read every 0.25 s in both modes: kernel_sessions_at),
   and the request -> channel latency from the daemon's own records.
 - (s) as (d), with a client scraping the daemon's Prometheus endpoint back
   to back for the whole storm: what a scrape loop costs the offloads
@@ -27,8 +27,9 @@ was reached (up_at, offloaded_at), xl2tpd's timed-out tunnels, and the LNS's
 UDP drops, so a round that still loses calls says how long the rest took.
 --rmem-default raises the receive buffer of sockets that do not size
 their own, as docs/operations.md advises for xl2tpd's, in every round.
-Each row also has the guest's busy CPU seconds over the round and, in the
-pipexctl rounds, the daemon's own CPU seconds and its resident memory.
+Each row also has the guest's busy CPU seconds over the round (by program:
+by_command) and, in the pipexctl rounds, the daemon's own CPU seconds and
+its resident memory.
 Not a test: it asserts nothing.
 
     python -m pipexctl.testing.vm --memory 4096 -- .venv/bin/python bench/loginstorm.py --k 25,100
@@ -129,6 +130,23 @@ class AddrEvents:
         self._stop.set()
         self._thread.join()
         self.sock.close()
+
+
+def cpu_by_command() -> dict[str, int]:
+    """Clock ticks of CPU used so far by the live processes, by command name:
+    each one's own and that of the children it waited for (so a script
+    that ran and exited counts for its parent's name).  Two of these, before
+    and after a round, say which programs the round's CPU went to."""
+    out: dict[str, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    comm, _, rest = f.read().rpartition(")")
+            except OSError:
+                continue
+            out[comm.partition("(")[2]] = out.get(comm.partition("(")[2], 0) + sum(int(x) for x in rest.split()[11:15])
+    return out
 
 
 def udp_counters(ns: str) -> dict[str, int]:
@@ -247,7 +265,8 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
             time.sleep(1)  # the loop running before the first dial
         serve_pid = lab.serves[-1].pid if offload else None  # `ip netns exec` execs the daemon: its pid
         events = logger.enter_context(contextlib.closing(AddrEvents(lab.lns.ns)))
-        cpu0, machine0 = (process_jiffies(serve_pid, children=True) if serve_pid else 0), cpu_jiffies()
+        cpu0, machine0, by_command0 = (process_jiffies(serve_pid, children=True) if serve_pid else 0), \
+            cpu_jiffies(), cpu_by_command()
         events.start()
         t0 = time.monotonic()
         for lac in lab.lacs:
@@ -263,7 +282,7 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         while time.monotonic() < end:
             if serve_pid and len(rss_seen) <= (time.monotonic() - t0) // 10:
                 rss_seen.append(serve_memory(serve_pid)["rss_mib"])
-            if offload and offloaded is None:
+            if offloaded is None:  # the PPPoL2TP sessions: pipexctl's, or in kernel mode xl2tpd's own
                 offloaded = reached(offloaded_at, pppol2tp_sessions(lab.lns.ns), k, t0)
             if up is None and not events.overrun:
                 up = events.up_at[k - 1] if len(events.up_at) >= k else None
@@ -272,22 +291,28 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
                 up = reached(up_at, len(ppp_inet_links(lab.lns.ns)), k, t0)
             if up is not None and (offloaded is not None or not offload):
                 break
-            time.sleep(0.1)
+            time.sleep(0.25)  # read in both modes, so that its cost is the same in both
         stop.set()
-        machine1 = cpu_jiffies()
+        machine1, by_command1 = cpu_jiffies(), cpu_by_command()
         out = {"k": k, "max_retries": max_retries or None, "serve_nice": serve_nice or None,
                "dial_seconds": round(dialled, 2), "all_up_seconds": up,
                "up_at": up_at if events.overrun else list(events.up_at),
                "up_counted_by": "ip addr dumps (rtnetlink events lost)" if events.overrun else "rtnetlink events",
                # the same count two ways: the events' against a dump at the end
                "links_up": len(ppp_inet_links(lab.lns.ns)), "links_up_by_events": len(events.links),
+               "kernel_sessions_at": offloaded_at,
                "objects": kernel_objects(lab.lns.ns),
                # why a round loses calls: xl2tpd's timed-out tunnels, the LNS's dropped datagrams
                "max_retries_exceeded": timeouts(lab), "tunnel_id_clashes": clashes(lab),
                "lns_udp": udp_counters(lab.lns.ns),
                # from the first dial to the end of the round: what the daemon took of the guest's CPU
                "cpu_seconds": {"machine_busy": round((machine1[0] - machine0[0]) / TICK, 1),
-                               "machine_all": round((machine1[1] - machine0[1]) / TICK, 1)}}
+                               "machine_all": round((machine1[1] - machine0[1]) / TICK, 1),
+                               # the programs that used 0.5 s or more (the daemon's command is "pipexctl")
+                               "by_command": dict(sorted(((c, round((t - by_command0.get(c, 0)) / TICK, 1))
+                                                          for c, t in by_command1.items()
+                                                          if t - by_command0.get(c, 0) >= TICK // 2),
+                                                         key=lambda x: -x[1]))}}
         if serve_pid:
             # the daemon and the children it waited for
             out["cpu_seconds"]["serve"] = round((process_jiffies(serve_pid, children=True) - cpu0) / TICK, 1)

@@ -25,7 +25,17 @@ def test_control_reply_parsing_real_text():
         "00 STATUS tunnels.0.calls.0.rx_bytes=173\n00 STATUS tunnels.0.calls.0.tx_pkts=9\n"
         "00 STATUS tunnels.0.calls.0.rx_pkts=8\n00 STATUS tunnels.0.calls.count=1\n00 STATUS tunnels.count=1\n"))
     assert st[0].peer_tunnel_id == 2547 and (st[0].peer, st[0].peer_port) == ("10.99.2.2", 1701)
-    assert st[0].calls[52848] == ctl.StatusCall(52848, 273, 173, 9, 8)
+    assert st[0].calls == {52848: ctl.StatusCall(52848)}
+    # a second tunnel after the tenth (its index sorts as a number), and a value that is no number
+    many = "".join(f"00 STATUS tunnels.{i}.id={i + 1}\n00 STATUS tunnels.{i}.peer=10.99.{i}.2:1701\n"
+                   f"00 STATUS tunnels.{i}.calls.0.id={100 + i}\n00 STATUS tunnels.{i}.calls.0.tx_bytes=1\n"
+                   for i in range(12))
+    st = ctl.parse_status_lns(ctl.parse_reply("00 OK\n" + many))
+    assert [(t.peer_tunnel_id, t.peer, list(t.calls)) for t in st] == [(i + 1, f"10.99.{i}.2", [100 + i])
+                                                                       for i in range(12)]
+    for bad in ("tunnels.0.id=x", "tunnels.0.peer=10.99.2.2:x", "tunnels.0.calls.0.id=1x"):
+        with pytest.raises(ctl.ControlError, match="malformed status-lns"):
+            ctl.parse_status_lns(ctl.parse_reply(f"00 OK\n00 STATUS {bad}\n"))
     with pytest.raises(ctl.ControlError, match="malformed"):
         ctl.parse_reply("garbage")
     assert not ctl.parse_reply("01 Error: Could not find lns\n").ok

@@ -97,8 +97,9 @@ class CallWatch:
     # a control answer judges a request's claim if asked after its pppd was
     # forked and at most this long before the request (call_of)
     ANSWER_AGE = 10.0
-    # the asker's questions at most this often (ask_ahead); in a storm on
-    # TCG, xl2tpd took 0.2 s and more per answer anyway (docs/offload.md)
+    # the asker's questions at most this often (ask_ahead), and within
+    # BACKGROUND_SHARE; in a storm on TCG, xl2tpd took 0.2 s and more per
+    # answer anyway (docs/offload.md)
     ASK_AHEAD_GAP = 0.2
     # /proc and kernel scans are the costly part: every reconcile_interval
     # while calls come and go, every IDLE_RECONCILE when nothing happens
@@ -106,10 +107,12 @@ class CallWatch:
     IDLE_RECONCILE = 30.0
     # ... and at most this share of a CPU: a full poll that cost c seconds of
     # the watcher's CPU is followed by the next one no sooner than c / share.
+    # So is the asker's question, whose answer lists every call (10,000:
+    # about 0.1 s of CPU to read natively).
     # The daemon runs at the unit's Nice=-10, ahead of the xl2tpd and pppds
     # whose calls wait for it; a scan grows with their number (in a 153-call
     # storm on a TCG guest, 0.3-0.4 s of CPU each: docs/offload.md)
-    SCAN_SHARE = 0.1
+    BACKGROUND_SHARE = 0.1
     # a full poll waits at most this long between its parts for the requests
     # blocked on the lock (_let_requests_in)
     LET_IN = 0.1
@@ -148,7 +151,7 @@ class CallWatch:
         self._ahead_for = float("-inf")
         self.questions_ahead = 0  # of `questions` (status)
         self.udp_drops = udpdrops.DropWatch(xl2tpd_port)  # xl2tpd's socket overflowing (a login storm)
-        self.scan_cpu = 0.0  # CPU seconds of the last full poll (SCAN_SHARE)
+        self.scan_cpu = 0.0  # CPU seconds of the last full poll (BACKGROUND_SHARE)
         self.checkpoint_path = checkpoint_path
         self._saved_at = (time.monotonic(), -1)  # when, and after how many lines read
         self._saving = threading.Lock()  # the stop's save and a periodic one share the temp file
@@ -399,14 +402,15 @@ class CallWatch:
         through syslog).  One question is out at a
         time; lines read while one is out get one more after it, unless a
         request asked one meanwhile.  At most one of its own every
-        ASK_AHEAD_GAP: anyone may write a line, and each answer costs xl2tpd
-        and the daemon work in proportion to the calls."""
-        last = float("-inf")
+        ASK_AHEAD_GAP, and none sooner than the last one's CPU allows under
+        BACKGROUND_SHARE: anyone may write a line, and each answer costs
+        xl2tpd and the daemon work in proportion to the calls."""
+        last, gap = float("-inf"), self.ASK_AHEAD_GAP
         while True:
             self._ahead.wait()
             if done.is_set():
                 return
-            done.wait(max(0.0, last + self.ASK_AHEAD_GAP - time.monotonic()))
+            done.wait(max(0.0, last + gap - time.monotonic()))
             if done.is_set():
                 return
             self._ahead.clear()
@@ -418,8 +422,9 @@ class CallWatch:
                 if self._asked >= self._ahead_for:
                     continue  # a question went out after the line: its answer serves
                 self.questions_ahead += 1
-                last = time.monotonic()
+                last, cpu = time.monotonic(), time.thread_time()
                 _survive(lambda: self._ask_and_send_barriers(done))
+                gap = max(self.ASK_AHEAD_GAP, (time.thread_time() - cpu) / self.BACKGROUND_SHARE)
 
     @contextlib.contextmanager
     def asking_ahead(self) -> Iterator[None]:
@@ -542,7 +547,7 @@ class CallWatch:
                     reload.clear()
                     _survive(lambda: reloaded(self.refresh()))
                 every = max(self.reconcile_interval if quick else max(self.reconcile_interval, self.IDLE_RECONCILE),
-                            self.scan_cpu / self.SCAN_SHARE)
+                            self.scan_cpu / self.BACKGROUND_SHARE)
                 full = now - last >= every
                 if full:
                     last = now

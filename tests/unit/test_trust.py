@@ -622,6 +622,37 @@ def test_the_asker_asks_at_most_once_a_gap_however_many_lines_come(watched):
         assert stub.asked == w.questions_ahead
 
 
+def test_the_asker_waits_in_proportion_to_what_its_last_answer_cost(watched):
+    """An answer lists every call, so at 10,000 calls reading one costs a
+    tenth of a second: the asker's next question waits ten times the CPU the
+    last one took (BACKGROUND_SHARE), however short ASK_AHEAD_GAP is."""
+    w, log = watched
+
+    class Costly(StubControl):
+        def status_lns(self, name):
+            end = time.thread_time() + 0.03  # 30 ms of this thread's CPU, as a long answer's reading
+            while time.thread_time() < end:
+                pass
+            return super().status_lns(name)
+
+    stub = _with_control(w, Costly([]))
+    w.ASK_AHEAD_GAP = 0.01
+    with w.asking_ahead():
+        with log.open("a") as f:
+            f.write(_call_lines(50000, 100).split("\n")[0] + "\n")  # the tunnel line
+        t0 = time.monotonic()
+        for i in range(60):
+            with log.open("a") as f:
+                f.write(f"xl2tpd[147]: Call established with 10.99.1.2, PID: {50001 + i}, Local: {200 + i}, "
+                        f"Remote: {300 + i}, Serial: {i}\n")
+            with w.lock:
+                w._take(w.discovery.poll(reconcile=False))
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+    # one question per 0.3 s at most (0.03 s / 0.1), against one per 0.04 s without the share
+    assert 2 <= stub.asked <= took / (0.03 / w.BACKGROUND_SHARE) + 1, (stub.asked, took)
+
+
 def test_requests_at_once_share_one_control_question_asked_without_the_lock(watched):
     import threading
 

@@ -16,12 +16,15 @@ connect-lac, ``d`` disconnect-lac, ``h`` hang up a call (our call id),
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import re
 import select
 import shutil
 import tempfile
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -172,27 +175,52 @@ def write_request(pipe: str, line: bytes, timeout: float, no_reader: float) -> i
                 os.close(wfd)
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 class ControlClient:
     def __init__(self, pipe: str = defaults.XL2TPD_CONTROL, timeout: float = defaults.CONTROL_TIMEOUT) -> None:
         self.pipe, self.timeout = pipe, timeout
+        # one private directory for the client's reply FIFOs, a FIFO per
+        # question: the daemon asks about once a second in a login storm,
+        # and a directory made and removed per question cost more than the FIFO
+        self._dir: Optional[str] = None
+        self._dir_lock = threading.Lock()
+        self._names = itertools.count()
+
+    def _reply_dir(self, again: bool = False) -> str:
+        """The directory, made at the first question (or ``again``: it was
+        removed under us, by a cleaner of /tmp say); removed with the client."""
+        with self._dir_lock:
+            if self._dir is None or again:
+                # under systemd the runtime directory, so the unit can have PrivateTmp:
+                # xl2tpd (outside it) writes the reply to this path
+                self._dir = tempfile.mkdtemp(prefix="pipexctl-ctl-",
+                                             dir=(os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None)
+                weakref.finalize(self, shutil.rmtree, self._dir, True)
+            return self._dir
 
     def request(self, letter: str, args: str = "") -> Reply:
         if len(letter) != 1 or "\n" in args or len(args) > 900:
             raise ControlError("bad control request")
-        # under systemd the runtime directory, so the unit can have PrivateTmp:
-        # xl2tpd (outside it) writes the reply to this path
         try:
-            tmp = tempfile.mkdtemp(prefix="pipexctl-ctl-",
-                                   dir=(os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None)
+            try:
+                reply = os.path.join(self._reply_dir(), f"reply-{next(self._names)}")
+                os.mkfifo(reply, 0o600)
+            except FileNotFoundError:
+                reply = os.path.join(self._reply_dir(again=True), f"reply-{next(self._names)}")
+                os.mkfifo(reply, 0o600)
         except OSError as e:
             raise ControlError(f"cannot make a reply FIFO: {e.strerror}") from None
-        reply = os.path.join(tmp, "reply")
         try:
-            os.mkfifo(reply, 0o600)
             # open the reply FIFO first (non-blocking), so xl2tpd's open never blocks
             rfd = os.open(reply, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:  # out of fds, say: one error type for every caller
-            shutil.rmtree(tmp, ignore_errors=True)
+            _unlink(reply)
             raise ControlError(f"cannot open a reply FIFO: {e.strerror}") from None
         try:
             self._send(f"@{reply} {letter} {args}".rstrip().encode() + b"\n")
@@ -201,7 +229,7 @@ class ControlClient:
             # unlinked while still open for reading: xl2tpd opens the reply with a
             # blocking fopen(), which would wait for ever on a FIFO left without a
             # reader (a reply given up on), and xl2tpd with it, all its tunnels too
-            shutil.rmtree(tmp, ignore_errors=True)
+            _unlink(reply)
             os.close(rfd)
 
     def _send(self, line: bytes) -> None:

@@ -76,6 +76,39 @@ def test_control_client_protocol(tmp_path):
     assert st == [] and seen["req"].startswith("@") and seen["req"].endswith(" y default\n")
 
 
+def test_one_client_asks_many_times_through_one_directory_made_again_if_removed(tmp_path):
+    """A FIFO per question in the client's own directory; a cleaner of /tmp
+    that removed that directory costs one new one, not an error."""
+    import shutil
+    import time
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    paths = []
+
+    def server(n):
+        for _ in range(n):
+            with open(fifo, "rb") as f:
+                req = f.read().decode()
+            path = req[1:].split(" ")[0]
+            paths.append(path)
+            with open(path, "w") as r:
+                r.write("00 OK\n00 STATUS tunnels.count=0\n")
+
+    th = threading.Thread(target=server, args=(3,), daemon=True)
+    th.start()
+    time.sleep(0.1)
+    c = ctl.ControlClient(str(fifo), timeout=3)
+    assert c.status_lns() == [] and c.status_lns() == []
+    first = c._dir
+    assert first is not None and os.stat(first).st_mode & 0o777 == 0o700 and os.listdir(first) == []
+    shutil.rmtree(first)
+    assert c.status_lns() == []
+    th.join(3)
+    assert c._dir != first and os.listdir(c._dir) == []
+    assert [os.path.dirname(p) for p in paths] == [first, first, c._dir] and len(set(paths)) == 3
+
+
 def test_control_client_waits_when_xl2tpd_opened_the_reply_fifo_but_has_not_written(tmp_path, monkeypatch):
     """select() can report the reply FIFO readable (no writer yet: EOF) just
     before xl2tpd opens it; the read then finds a writer and no data and
@@ -203,28 +236,36 @@ def test_the_reply_fifo_never_exists_without_a_reader(tmp_path, monkeypatch):
     before its read end is closed."""
     import errno
     import os
-    import shutil
 
 
     pipe = tmp_path / "l2tp-control"
     os.mkfifo(pipe)
     keep = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # an xl2tpd that reads its pipe and never answers
     seen = []
-    real_rmtree = shutil.rmtree
+    real_unlink = ctl._unlink
 
-    def rmtree(path, *a, **k):
-        reply = os.path.join(path, "reply")
+    def unlink(reply):
         try:
             os.close(os.open(reply, os.O_WRONLY | os.O_NONBLOCK))  # what xl2tpd's open would find now
             seen.append("reader")
         except OSError as e:
             seen.append("no reader" if e.errno == errno.ENXIO else errno.errorcode[e.errno])
-        real_rmtree(path, *a, **k)
+        real_unlink(reply)
+        assert not os.path.exists(reply)
 
-    monkeypatch.setattr(ctl.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(ctl, "_unlink", unlink)
+    client = ctl.ControlClient(str(pipe), timeout=0.3)
     try:
         with pytest.raises(ctl.ControlError, match="no reply"):
-            ctl.ControlClient(str(pipe), timeout=0.3).request("x")
+            client.request("x")
     finally:
         os.close(keep)
     assert seen == ["reader"]
+    # the client's directory holds no FIFO between questions, and goes with the client
+    folder = client._dir
+    assert folder is not None and os.listdir(folder) == []
+    del client
+    import gc
+
+    gc.collect()
+    assert not os.path.exists(folder)

@@ -292,13 +292,14 @@ class Journal:
             self._journalctl = None
 
 
-def _realpath(path: str) -> Optional[str]:
-    """``path`` resolved, or None when it cannot be (a loop, or a chain of
-    symlinks deeper than Python's recursion: raised, not OSError)."""
+def _file_id(path: str) -> Optional[tuple[int, int]]:
+    """The file ``path`` names, as (device, inode) after every symlink, or
+    None when there is none (or a loop of symlinks, or a path too long)."""
     try:
-        return os.path.realpath(path)
-    except (OSError, ValueError, RecursionError):
+        st = os.stat(path)
+    except (OSError, ValueError):
         return None
+    return st.st_dev, st.st_ino
 
 
 @dataclass(frozen=True)
@@ -556,11 +557,13 @@ class Discovery:
     def _control_owner(self, s: Source, daemons: list[procscan.Proc]) -> Optional[int]:
         """The xl2tpd (of a /proc scan) that has ``s``'s control pipe open, if one does."""
         assert s.control is not None
-        want = _realpath(s.control.pipe)  # /var/run is /run on Debian
+        want = _file_id(s.control.pipe)  # /var/run is /run on Debian
         # anyone may run a process named xl2tpd, or the binary itself, with any -C: only root's
-        # system xl2tpd counts, and only then is its path resolved
+        # system xl2tpd counts, and only then is its path looked at (one stat: a scan
+        # checks every xl2tpd, and resolving each path costs a syscall per component)
         m = [d.pid for d in daemons
-             if want is not None and self.tracker.daemon_alive(d.pid) and _realpath(d.control_pipe) == want]
+             if self.tracker.daemon_alive(d.pid)
+             and (d.control_pipe == s.control.pipe or want is not None and _file_id(d.control_pipe) == want)]
         self._control_pid[s.name] = m[0] if len(m) == 1 else None
         return self._control_pid[s.name]
 

@@ -1396,6 +1396,15 @@ def test_the_control_pipes_owner_is_roots_system_xl2tpd_and_a_hostile_path_is_no
     assert d._control_owner(s, [xl2tpd(148, str(links / "l0")), xl2tpd(147, "stub-control")]) == 147
     system.add(300)  # two of root's system xl2tpd name the pipe: which has it open cannot be told
     assert d._control_owner(s, [xl2tpd(147, "stub-control"), xl2tpd(300, "stub-control")]) is None
+    # one FIFO by two paths (/var/run is a symlink to /run on Debian); another FIFO is another pipe
+    (tmp_path / "run").mkdir()
+    os.mkfifo(tmp_path / "run" / "l2tp-control")
+    os.mkfifo(tmp_path / "run" / "other")
+    (tmp_path / "var-run").symlink_to(tmp_path / "run")
+    s.control.pipe = str(tmp_path / "var-run" / "l2tp-control")
+    assert d._control_owner(s, [xl2tpd(147, str(tmp_path / "run" / "other")),
+                                xl2tpd(148, str(tmp_path / "run" / "l2tp-control"))]) == 148
+    assert d._control_owner(s, [xl2tpd(147, str(tmp_path / "run" / "other"))]) is None
     d.close()
 
 

@@ -77,8 +77,8 @@ class AddrEvents:
     storm (a dump interrupted by links coming and going is taken again, each
     time by a new `ip` process on a saturated guest), so a round's time to all
     up was known only to within that step.  Decoded with pyroute2's ifaddrmsg.
-    ``overrun``: the socket's queue overflowed (ENOBUFS) and events were lost;
-    the caller counts by dump then."""
+    ``overrun``: the socket's queue overflowed (ENOBUFS) and events were lost,
+    or one could not be read; the caller counts by dump then."""
 
     def __init__(self, ns: str, prefix: str = "ppp") -> None:
         self.prefix = prefix  # of the links' names
@@ -108,23 +108,29 @@ class AddrEvents:
             except OSError:  # ENOBUFS: the queue overflowed
                 self.overrun = True
                 return
-            now = time.monotonic()
-            off = 0
-            while off + 16 <= len(data):
-                length, kind = struct.unpack_from("=IH", data, off)
-                if length < 16:
-                    break
-                if kind in (RTM_NEWADDR, RTM_DELADDR):
-                    m = ifaddrmsg(data[off:off + length])
-                    m.decode()
-                    if m["family"] == socket.AF_INET and (m.get_attr("IFA_LABEL") or "").startswith(self.prefix):
-                        if kind == RTM_NEWADDR:
-                            self.links.setdefault(m["index"], now)
-                        else:
-                            self.links.pop(m["index"], None)
-                        if len(self.links) > len(self.up_at):
-                            self.up_at.append(round(now - self.t0, 2))
-                off += (length + 3) & ~3
+            try:
+                self._take(data, time.monotonic())
+            except Exception:  # a message it cannot read: counted by dump from here on, not a silent stop
+                self.overrun = True
+                return
+
+    def _take(self, data: bytes, now: float) -> None:
+        off = 0
+        while off + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, off)
+            if length < 16 or off + length > len(data):
+                break
+            if kind in (RTM_NEWADDR, RTM_DELADDR):
+                m = ifaddrmsg(data[off:off + length])
+                m.decode()
+                if m["family"] == socket.AF_INET and (m.get_attr("IFA_LABEL") or "").startswith(self.prefix):
+                    if kind == RTM_NEWADDR:
+                        self.links.setdefault(m["index"], now)
+                    else:
+                        self.links.pop(m["index"], None)
+                    if len(self.links) > len(self.up_at):
+                        self.up_at.append(round(now - self.t0, 2))
+            off += (length + 3) & ~3
 
     def close(self) -> None:
         self._stop.set()
@@ -136,7 +142,9 @@ def cpu_by_command() -> dict[str, int]:
     """Clock ticks of CPU used so far by the live processes, by command name:
     each one's own and that of the children it waited for (so a script
     that ran and exited counts for its parent's name).  Two of these, before
-    and after a round, say which programs the round's CPU went to."""
+    and after a round, say which programs the round's CPU went to, roughly:
+    a process that exits in the round moves all its CPU, from before the
+    round too, to its parent's name, and its own name's loss is dropped."""
     out: dict[str, int] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():

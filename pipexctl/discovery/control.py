@@ -21,6 +21,7 @@ import os
 import re
 import select
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -115,7 +116,7 @@ _ST = re.compile(r"^STATUS tunnels\.(\d{1,6})\.(?:calls\.(\d{1,6})\.)?(id|peer)=
 
 
 def parse_status_lns(reply: Reply) -> list[StatusTunnel]:
-    tunnels: dict[int, StatusTunnel] = {}
+    tunnels: dict[str, StatusTunnel] = {}
     for ti, ci, what, value in _ST.findall("\n".join(reply.lines[1:])):
         t = tunnels.get(ti)
         if t is None:
@@ -189,31 +190,41 @@ class ControlClient:
         # question: the daemon asks about once a second in a login storm,
         # and a directory made and removed per question cost more than the FIFO
         self._dir: Optional[str] = None
+        self._dir_id: tuple[int, int] = (0, 0)  # its device and inode, as made
         self._dir_lock = threading.Lock()
+        # never a name twice: xl2tpd removes the reply path once it has answered
         self._names = itertools.count()
 
-    def _reply_dir(self, again: bool = False) -> str:
-        """The directory, made at the first question (or ``again``: it was
-        removed under us, by a cleaner of /tmp say); removed with the client."""
+    def _reply_path(self) -> str:
+        """A new FIFO's path in the client's directory, made now (again
+        when it is gone, or is not the one made: a cleaner of /tmp removed
+        it, and anyone may have made another under its name there)."""
         with self._dir_lock:
-            if self._dir is None or again:
+            if self._dir is not None:
+                try:
+                    st = os.lstat(self._dir)
+                    mine = (stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == self._dir_id
+                            and st.st_uid == os.geteuid() and not st.st_mode & 0o077)
+                except OSError:
+                    mine = False
+                if not mine:
+                    self._dir = None
+            if self._dir is None:
                 # under systemd the runtime directory, so the unit can have PrivateTmp:
                 # xl2tpd (outside it) writes the reply to this path
                 self._dir = tempfile.mkdtemp(prefix="pipexctl-ctl-",
                                              dir=(os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None)
+                st = os.lstat(self._dir)
+                self._dir_id = (st.st_dev, st.st_ino)
                 weakref.finalize(self, shutil.rmtree, self._dir, True)
-            return self._dir
+            return os.path.join(self._dir, f"reply-{next(self._names)}")
 
     def request(self, letter: str, args: str = "") -> Reply:
         if len(letter) != 1 or "\n" in args or len(args) > 900:
             raise ControlError("bad control request")
         try:
-            try:
-                reply = os.path.join(self._reply_dir(), f"reply-{next(self._names)}")
-                os.mkfifo(reply, 0o600)
-            except FileNotFoundError:
-                reply = os.path.join(self._reply_dir(again=True), f"reply-{next(self._names)}")
-                os.mkfifo(reply, 0o600)
+            reply = self._reply_path()
+            os.mkfifo(reply, 0o600)
         except OSError as e:
             raise ControlError(f"cannot make a reply FIFO: {e.strerror}") from None
         try:

@@ -78,7 +78,8 @@ def test_control_client_protocol(tmp_path):
 
 def test_one_client_asks_many_times_through_one_directory_made_again_if_removed(tmp_path):
     """A FIFO per question in the client's own directory; a cleaner of /tmp
-    that removed that directory costs one new one, not an error."""
+    that removed that directory costs one new one, not an error, and what
+    anyone made under its name afterwards is never used."""
     import shutil
     import time
 
@@ -95,7 +96,7 @@ def test_one_client_asks_many_times_through_one_directory_made_again_if_removed(
             with open(path, "w") as r:
                 r.write("00 OK\n00 STATUS tunnels.count=0\n")
 
-    th = threading.Thread(target=server, args=(3,), daemon=True)
+    th = threading.Thread(target=server, args=(5,), daemon=True)
     th.start()
     time.sleep(0.1)
     c = ctl.ControlClient(str(fifo), timeout=3)
@@ -104,9 +105,20 @@ def test_one_client_asks_many_times_through_one_directory_made_again_if_removed(
     assert first is not None and os.stat(first).st_mode & 0o777 == 0o700 and os.listdir(first) == []
     shutil.rmtree(first)
     assert c.status_lns() == []
+    second = c._dir
+    # someone else's directory under its name (in /tmp anyone may make one once it is gone), or a file
+    shutil.rmtree(second)
+    os.mkdir(second, 0o755)
+    assert c.status_lns() == []
+    third = c._dir
+    shutil.rmtree(third)
+    with open(third, "w"):
+        pass
+    assert c.status_lns() == []
     th.join(3)
-    assert c._dir != first and os.listdir(c._dir) == []
-    assert [os.path.dirname(p) for p in paths] == [first, first, c._dir] and len(set(paths)) == 3
+    assert os.listdir(second) == [] and os.path.isfile(third)  # never written to
+    assert len({first, second, third, c._dir}) == 4 and os.listdir(c._dir) == []
+    assert [os.path.dirname(p) for p in paths] == [first, first, second, third, c._dir] and len(set(paths)) == 5
 
 
 def test_control_client_waits_when_xl2tpd_opened_the_reply_fifo_but_has_not_written(tmp_path, monkeypatch):

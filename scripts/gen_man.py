@@ -62,7 +62,8 @@ def render() -> str:
             ".TP", "LISTEN_PID, LISTEN_FDS", "Socket activation: the listening socket as fd 3 (pipexctl.socket).",
             ".TP", "NOTIFY_SOCKET, WATCHDOG_USEC", "Readiness, status and watchdog notifications (Type=notify).",
             ".TP", "JOURNAL_STREAM", "Under journald, records are written with fields (TUNNEL_ID, CALL_ID, PEER).",
-            ".TP", "RUNTIME_DIRECTORY", "Where control\\-pipe reply FIFOs are made (else the temporary directory).",
+            ".TP", "RUNTIME_DIRECTORY", "Where control\\-pipe reply FIFOs are made (else the temporary directory); "
+            "\\fBserve\\fR removes there, at start, the reply directories of daemons no longer running.",
             ".TP", "PIPEXCTL_OPTS", "The unit's \\fBpipexctl serve\\fR options, from /etc/default/pipexctl.",
             ".SH EXIT STATUS", "0 success; 1 an operational error (one line on stderr); 2 a usage error.",
             ".SH FILES",

@@ -183,6 +183,50 @@ def _unlink(path: str) -> None:
         pass
 
 
+# a client's reply directory: the prefix, the maker's pid, mkdtemp's suffix
+REPLY_DIR_PREFIX = "pipexctl-ctl-"
+
+
+def reply_base() -> Optional[str]:
+    """Where reply directories are made: under systemd the runtime directory,
+    so the unit can have PrivateTmp (xl2tpd, outside it, writes the reply
+    there); else the temporary directory (None)."""
+    return (os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None
+
+
+def remove_stale_reply_dirs(base: str) -> int:
+    """Remove the reply directories that clients of processes no longer
+    running left in ``base`` (a daemon killed by SIGKILL never runs its
+    cleanup, and systemd keeps the runtime directory across restarts).
+    Only real directories of this user, named with a pid that is gone; a
+    reused pid keeps its directory.  Returns how many were removed."""
+    removed = 0
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    for name in names:
+        pid = name[len(REPLY_DIR_PREFIX):].split("-", 1)[0]
+        if not name.startswith(REPLY_DIR_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # running (or another user's): not ours to judge
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        path = os.path.join(base, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: symlinks inside are not followed
+            removed += not os.path.lexists(path)
+    return removed
+
+
 class ControlClient:
     def __init__(self, pipe: str = defaults.XL2TPD_CONTROL, timeout: float = defaults.CONTROL_TIMEOUT) -> None:
         self.pipe, self.timeout = pipe, timeout
@@ -210,10 +254,8 @@ class ControlClient:
                 if not mine:
                     self._dir = None
             if self._dir is None:
-                # under systemd the runtime directory, so the unit can have PrivateTmp:
-                # xl2tpd (outside it) writes the reply to this path
-                self._dir = tempfile.mkdtemp(prefix="pipexctl-ctl-",
-                                             dir=(os.environ.get("RUNTIME_DIRECTORY") or "").split(":")[0] or None)
+                # the pid in the name: a later daemon removes what a killed one left
+                self._dir = tempfile.mkdtemp(prefix=f"{REPLY_DIR_PREFIX}{os.getpid()}-", dir=reply_base())
                 st = os.lstat(self._dir)
                 self._dir_id = (st.st_dev, st.st_ino)
                 weakref.finalize(self, shutil.rmtree, self._dir, True)

@@ -34,7 +34,7 @@ import time
 from typing import Any, Optional
 
 from .. import defaults, errors
-from ..discovery import procscan
+from ..discovery import control, procscan
 from ..discovery.discovery import Discovery
 from ..discovery.state import Event
 from ..kernel.backend import KernelBackend
@@ -142,6 +142,9 @@ class OffloadServer:
         # refused before anything is made: never a socket or state file where others can write
         paths.private_dir(os.path.dirname(self.socket_path), "socket")
         paths.private_dir(os.path.dirname(svc.state_path), "state")
+        base = control.reply_base()
+        if base and (n := control.remove_stale_reply_dirs(base)):
+            log.info("removed %d control-pipe reply directories left by a daemon that was killed", n)
         early = reconcile.relay_recorded(svc)
         with svc.lock:
             self.watch.first_read()

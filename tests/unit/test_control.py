@@ -121,6 +121,47 @@ def test_one_client_asks_many_times_through_one_directory_made_again_if_removed(
     assert [os.path.dirname(p) for p in paths] == [first, first, second, third, c._dir] and len(set(paths)) == 5
 
 
+def test_a_killed_clients_reply_directory_is_removed_and_nothing_else(tmp_path, monkeypatch):
+    """A client killed by SIGKILL leaves its reply directory; the sweep a
+    daemon runs at start removes it, and only such directories: a live
+    process's, another name's, a symlink and what lies outside stay."""
+    import signal
+    import subprocess
+    import sys
+
+    base = tmp_path / "run"
+    base.mkdir()
+    monkeypatch.setenv("RUNTIME_DIRECTORY", f"{base}:{tmp_path / 'other'}")
+    assert ctl.reply_base() == str(base)
+    child = subprocess.run([sys.executable, "-c", "import os, signal\n"
+                            "from pipexctl.discovery import control as c\n"
+                            "client = c.ControlClient('/nonexistent')\n"
+                            "client._reply_path()\n"
+                            "os.kill(os.getpid(), signal.SIGKILL)"], cwd=os.getcwd())
+    assert child.returncode == -signal.SIGKILL
+    left = [n for n in os.listdir(base) if n.startswith(f"{ctl.REPLY_DIR_PREFIX}")]
+    assert len(left) == 1  # the killed process's, named with its pid
+    dead = int(left[0][len(ctl.REPLY_DIR_PREFIX):].split("-")[0])
+    live = ctl.ControlClient("/nonexistent")
+    live._reply_path()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    gone_pid = 4194305  # above the kernel's largest pid_max: never running
+    (base / f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-a").mkdir()
+    os.symlink(outside / "keep", base / f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-a" / "link")
+    os.symlink(outside, base / f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-sym")
+    (base / f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-file").write_text("")
+    for kept in (f"{ctl.REPLY_DIR_PREFIX}1-b", f"{ctl.REPLY_DIR_PREFIX}old", "other"):
+        (base / kept).mkdir()
+    assert ctl.remove_stale_reply_dirs(str(base)) == 2
+    assert sorted(os.listdir(base)) == sorted([os.path.basename(live._dir), f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-sym",
+                                               f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-file", f"{ctl.REPLY_DIR_PREFIX}1-b",
+                                               f"{ctl.REPLY_DIR_PREFIX}old", "other"])
+    assert dead != os.getpid() and (outside / "keep").read_text() == "x" and os.listdir(outside) == ["keep"]
+    assert ctl.remove_stale_reply_dirs(str(tmp_path / "none")) == 0
+
+
 def test_control_client_waits_when_xl2tpd_opened_the_reply_fifo_but_has_not_written(tmp_path, monkeypatch):
     """select() can report the reply FIFO readable (no writer yet: EOF) just
     before xl2tpd opens it; the read then finds a writer and no data and

@@ -41,6 +41,26 @@ def test_the_daemon_stops_at_once_though_nothing_polls(tmp_path):
         d.close()
 
 
+def test_a_start_removes_the_reply_directories_a_killed_daemon_left(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(run))
+    (run / "pipexctl-ctl-4194305-x").mkdir(mode=0o700)  # a pid above any pid_max: gone
+    d = Discovery([], proc=False, kernel=False)
+    s = OffloadServer(str(run / "s.sock"), d, NullBackend(), NullDataPath())
+    t = threading.Thread(target=s.serve_forever, daemon=True)
+    t.start()
+    try:
+        end = time.monotonic() + 20
+        while not os.path.exists(s.socket_path) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert not any(n.startswith("pipexctl-ctl-") for n in os.listdir(run)) and "s.sock" in os.listdir(run)
+    finally:
+        s.stop.set()
+        t.join(10)
+        d.close()
+
+
 def messages(s, until: str) -> list[str]:
     got = []
     while not any(until in m for m in got):

@@ -4,6 +4,7 @@ are computed from the figures, never written in."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,3 +180,62 @@ def test_the_cpu_sampler_charges_a_daemons_cpu_to_its_stacks_and_nothing_else(tm
     for argv, sampled in ((["pipexctl", "status"], False), (["pipexctl", "serve"], True)):
         out = subprocess.run([sys.executable, "-c", threads, *argv], env=env, check=True, capture_output=True, text=True)
         assert ("cpusampler" in out.stdout) == sampled, (argv, out.stdout)
+
+
+def _module(name):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _offload_line(at, total, line_wait):
+    return (f"{at} pipexctl serve: call 1 (tunnel 2) of pppd 3 offloaded in {total} ms (ms: discovery {line_wait + 1}, "
+            f"of it the call's line {line_wait}, lock 0, kernel 5, of it on a CPU 3 and waiting for one 2, state file 1, "
+            f"hand-off {total - line_wait - 7})\n")
+
+
+def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tmp_path):
+    """A boot's rounds (one directory each, as run.sh leaves them) are kept in
+    the record layout; the table computes ratios against kernel mode's mean
+    and pools the daemon's own request lines, and counts the long line waits
+    that fell inside a logged full poll."""
+    sr = _module("stormrecords")
+    src = tmp_path / "boot"
+
+    def round_dir(name, row, log=None):
+        d = src / name
+        (d / "storm-153-x").mkdir(parents=True)
+        (d / "storm.json").write_text(json.dumps({"rows": [row]}))
+        if log is not None:
+            (d / "storm-153-x" / "lns-serve.log").write_text(log)
+
+    round_dir("a-c-153-1", {"all_up_seconds": 80.0, "links_up": 153})
+    round_dir("a-c-153-2", {"all_up_seconds": 100.0, "links_up": 153})
+    # 20 requests: one waited 300 ms for its line while a 1.5 s full poll ran, one 200 ms outside any poll
+    log = "2026-12-06T10:00:00.000 pipexctl serve: serving on /run/x\n"
+    log += "2026-12-06T10:00:11.500 pipexctl serve: slow discovery poll: 1500 ms, 300 ms of CPU (full=True; ms: scan 1)\n"
+    log += _offload_line("2026-12-06T10:00:10.800", 400, 300)
+    log += _offload_line("2026-12-06T10:00:20.500", 250, 200)
+    log += "".join(_offload_line(f"2026-12-06T10:00:{30 + i}.000", 20 + i, i) for i in range(18))
+    round_dir("b-d-153-1", {"all_offloaded_seconds": 108.0, "links_up": 153, "objects": {"pppol2tp_sessions": 153},
+                            "channel_latency_ms": {"n": 20, "p50": 30.4, "p99": 399.6},
+                            "stats": {"control_questions": 9, "control_questions_ahead": 8},
+                            "cpu_seconds": {"serve": 20.5}}, log)
+    (src / "b-d-153-2").mkdir()  # a round that never ended: nothing to keep
+    dst = tmp_path / "records"
+    assert sr.keep(src, dst) == ["a-c-153-1", "a-c-153-2", "b-d-153-1"]
+    assert sorted(p.name for p in dst.iterdir()) == ["a-c-153-1.json", "a-c-153-2.json", "b-d-153-1-lns-serve.log.gz",
+                                                     "b-d-153-1.json"]
+    t = sr.table(dst)
+    assert t["kernel_mode_mean"] == {153: 90.0}
+    b = next(r for r in t["rounds"] if r["round"] == "b-d-153-1")
+    assert (b["seconds"], b["ratio"], b["request_p50_p99_ms"], b["daemon_cpu_s"]) == (108.0, 1.2, [30, 400], 20.5)
+    c = t["codes"]["b"]
+    assert c["requests"] == 20 and c["request_p50_p90_p99_ms"] == [30, 58, 372]
+    assert c["line_wait_p50_p90_p99_ms"] == [10, 35, 281] and c["line_waits_over_20_ms"] == 2
+    assert c["slowest_5_percent_mean_ms"]["request"] == 400 and c["slowest_5_percent_mean_ms"]["hand-off"] == 93
+    assert (c["line_waits_over_100_ms"], c["of_them_during_a_full_poll"]) == (2, 1)
+    assert (c["other_requests"], c["others_during_a_full_poll"]) == (18, 0)
+    assert "a" not in t["codes"]  # kernel mode has no daemon
+    assert "ratio=1.2" in sr.render(dst, t)

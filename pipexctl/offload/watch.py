@@ -109,7 +109,7 @@ class CallWatch:
     # the watcher's CPU is followed by the next one no sooner than c / share.
     # So is the asker's question, whose answer lists every call (10,000:
     # about 0.1 s of CPU to read natively).
-    # The daemon runs at the unit's Nice=-10, ahead of the xl2tpd and pppds
+    # The daemon runs at the unit's Nice=-20, ahead of the xl2tpd and pppds
     # whose calls wait for it; a scan grows with their number (in a 153-call
     # storm on a TCG guest, 0.3-0.4 s of CPU each: docs/offload.md)
     BACKGROUND_SHARE = 0.1

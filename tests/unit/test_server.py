@@ -20,6 +20,8 @@ from pipexctl.offload.client import ask
 from pipexctl.offload.datapath import NullDataPath
 from pipexctl.offload.server import OffloadServer
 
+from .conftest import serving
+
 
 def test_the_daemon_stops_at_once_though_nothing_polls(tmp_path):
     d = Discovery([], proc=False, kernel=False)
@@ -47,17 +49,10 @@ def test_a_start_removes_the_reply_directories_a_killed_daemon_left(tmp_path, mo
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(run))
     (run / "pipexctl-ctl-4194305-x").mkdir(mode=0o700)  # a pid above any pid_max: gone
     d = Discovery([], proc=False, kernel=False)
-    s = OffloadServer(str(run / "s.sock"), d, NullBackend(), NullDataPath())
-    t = threading.Thread(target=s.serve_forever, daemon=True)
-    t.start()
     try:
-        end = time.monotonic() + 20
-        while not os.path.exists(s.socket_path) and time.monotonic() < end:
-            time.sleep(0.02)
-        assert not any(n.startswith("pipexctl-ctl-") for n in os.listdir(run)) and "s.sock" in os.listdir(run)
+        with serving(OffloadServer(str(run / "s.sock"), d, NullBackend(), NullDataPath())):  # up: it accepts
+            assert not any(n.startswith("pipexctl-ctl-") for n in os.listdir(run)) and "s.sock" in os.listdir(run)
     finally:
-        s.stop.set()
-        t.join(10)
         d.close()
 
 

@@ -13,7 +13,11 @@ CODE-CASE-K-N-lns-{serve,xl2tpd,pppd}.log.gz.
   N ... offloaded in T ms (ms: discovery D, of it the call's line L, ...)"):
   request and line-wait percentiles, the mean of each part in the slowest
   5 %, and how many requests that waited over 100 ms for their line came
-  while a full poll of over a second ran (the daemon logs those polls).
+  while a full poll of over a second ran (the daemon logs those polls):
+  their wait, from the request to the line, overlaps the poll's span,
+  which counts as starting 50 ms early (the log's stamps are the ends).
+  A longer wait overlaps a poll more easily, so the two counts are not
+  the same odds.
 Percentiles are `statistics.quantiles(values, n=100, method="inclusive")`,
 rounded to the ms. Each directory is one boot, read on its own: a ratio is
 to the kernel mode of its own boot.

@@ -207,7 +207,7 @@ def remove_stale_reply_dirs(base: str) -> int:
         return 0
     for name in names:
         pid = name[len(REPLY_DIR_PREFIX):].split("-", 1)[0]
-        if not name.startswith(REPLY_DIR_PREFIX) or not pid.isdigit():
+        if not name.startswith(REPLY_DIR_PREFIX) or not (pid.isascii() and pid.isdigit()):
             continue
         try:
             os.kill(int(pid), 0)

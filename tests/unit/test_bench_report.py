@@ -217,6 +217,9 @@ def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tm
     log += "2026-12-06T10:00:11.500 pipexctl serve: slow discovery poll: 1500 ms, 300 ms of CPU (full=True; ms: scan 1)\n"
     log += _offload_line("2026-12-06T10:00:10.800", 400, 300)
     log += _offload_line("2026-12-06T10:00:20.500", 250, 200)
+    # a poll that is not full, and one that ended just before the next request's wait began: neither counts
+    log += "2026-12-06T10:00:21.000 pipexctl serve: slow discovery poll: 3000 ms, 1 ms of CPU (full=False; ms: logs 1)\n"
+    log += "2026-12-06T10:00:29.900 pipexctl serve: slow discovery poll: 1200 ms, 300 ms of CPU (full=True; ms: scan 1)\n"
     log += "".join(_offload_line(f"2026-12-06T10:00:{30 + i}.000", 20 + i, i) for i in range(18))
     round_dir("b-d-153-1", {"all_offloaded_seconds": 108.0, "links_up": 153, "objects": {"pppol2tp_sessions": 153},
                             "channel_latency_ms": {"n": 20, "p50": 30.4, "p99": 399.6},

@@ -152,12 +152,12 @@ def test_a_killed_clients_reply_directory_is_removed_and_nothing_else(tmp_path, 
     os.symlink(outside / "keep", base / f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-a" / "link")
     os.symlink(outside, base / f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-sym")
     (base / f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-file").write_text("")
-    for kept in (f"{ctl.REPLY_DIR_PREFIX}1-b", f"{ctl.REPLY_DIR_PREFIX}old", "other"):
+    for kept in (f"{ctl.REPLY_DIR_PREFIX}1-b", f"{ctl.REPLY_DIR_PREFIX}old", f"{ctl.REPLY_DIR_PREFIX}\u00b2-c", "other"):
         (base / kept).mkdir()
     assert ctl.remove_stale_reply_dirs(str(base)) == 2
     assert sorted(os.listdir(base)) == sorted([os.path.basename(live._dir), f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-sym",
                                                f"{ctl.REPLY_DIR_PREFIX}{gone_pid}-file", f"{ctl.REPLY_DIR_PREFIX}1-b",
-                                               f"{ctl.REPLY_DIR_PREFIX}old", "other"])
+                                               f"{ctl.REPLY_DIR_PREFIX}old", f"{ctl.REPLY_DIR_PREFIX}\u00b2-c", "other"])
     assert dead != os.getpid() and (outside / "keep").read_text() == "x" and os.listdir(outside) == ["keep"]
     assert ctl.remove_stale_reply_dirs(str(tmp_path / "none")) == 0
 

@@ -42,6 +42,10 @@ ROUND = re.compile(r"^(?P<code>[\w.]+)-(?P<case>[a-z])-(?P<k>\d+)-(?P<n>\d+)$")
 OFFLOAD = re.compile(r"offloaded in (\d+) ms \(ms: discovery (\d+), of it the call's line (\d+), lock (\d+), kernel "
                      r"(\d+), of it on a CPU (\d+) and waiting for one (\d+), state file (\d+), hand-off (\d+)\)")
 PARTS = ("request", "discovery", "line", "lock", "kernel", "on a CPU", "waiting for a CPU", "state file", "hand-off")
+# the tail a stamping plugin's ack adds (since the stamps; earlier records have none)
+AS_PPPD = re.compile(r"; as pppd saw it (\d+) ms \(ms: its wake for our reply (\d+), its checks (\d+), "
+                     r"our read of its ack (\d+)\)")
+PPPD_PARTS = ("as pppd saw it", "its wake for our reply", "its checks", "our read of its ack")
 FULL_POLL = re.compile(r"slow discovery poll: (\d+) ms, .*full=True")
 
 
@@ -74,8 +78,11 @@ def _stamp(line: str) -> Optional[float]:
         return None
 
 
-def serve_log(path: Path) -> tuple[list[tuple[float, tuple[int, ...]]], list[tuple[float, float]]]:
-    """(each offload's start and parts in ms, each logged full poll's span)."""
+Offload = tuple[float, tuple[int, ...], Optional[tuple[int, ...]]]
+
+
+def serve_log(path: Path) -> tuple[list[Offload], list[tuple[float, float]]]:
+    """(each offload's start, parts and pppd's parts in ms, each logged full poll's span)."""
     offloads, polls = [], []
     with _open(path) as f:
         for line in f:
@@ -84,7 +91,8 @@ def serve_log(path: Path) -> tuple[list[tuple[float, tuple[int, ...]]], list[tup
                 continue
             if m := OFFLOAD.search(line):
                 parts = tuple(int(x) for x in m.groups())
-                offloads.append((t - parts[0] / 1000, parts))
+                pppd = AS_PPPD.search(line, m.end())
+                offloads.append((t - parts[0] / 1000, parts, tuple(int(x) for x in pppd.groups()) if pppd else None))
             elif m := FULL_POLL.search(line):
                 polls.append((t - int(m.group(1)) / 1000, t))
     return offloads, polls
@@ -139,11 +147,12 @@ def table(d: Path) -> dict:
             "daemon_cpu_s": (row.get("cpu_seconds") or {}).get("serve"), "tunnel_id_clashes": row.get("tunnel_id_clashes")})
     for code in sorted({r.code for r in rs if r.offloads}):
         offs = [o for r in rs if r.code == code for o in r.offloads]
-        req, line = [p[0] for _, p in offs], [p[2] for _, p in offs]
-        slowest = sorted(p for _, p in offs)[-max(1, len(offs) // 20):]
+        req, line = [p[0] for _, p, _ in offs], [p[2] for _, p, _ in offs]
+        slowest = sorted(p for _, p, _ in offs)[-max(1, len(offs) // 20):]
+        stamped = sorted((p, q) for _, p, q in offs if q is not None)
         waited = during = others = others_during = 0
         for r in (r for r in rs if r.code == code):
-            for start, p in r.offloads:
+            for start, p, _ in r.offloads:
                 in_poll = any(a - 0.05 <= start + p[2] / 1000 and start <= b for a, b in r.polls)
                 if p[2] > 100:
                     waited, during = waited + 1, during + in_poll
@@ -158,6 +167,16 @@ def table(d: Path) -> dict:
                                           for i, name in enumerate(PARTS)},
             "line_waits_over_100_ms": waited, "of_them_during_a_full_poll": during,
             "other_requests": others, "others_during_a_full_poll": others_during}
+        if stamped:
+            # the daemon's own share: the request less what pppd's scheduling took of its hand-off
+            tail = stamped[-max(1, len(stamped) // 20):]
+            out["codes"][code].update({
+                "stamped_requests": len(stamped),
+                "as_pppd_saw_p50_p90_p99_ms": pcts([q[0] for _, q in stamped]),
+                "less_pppds_wake_and_checks_p50_p90_p99_ms": pcts([p[0] - q[1] - q[2] for p, q in stamped]),
+                "slowest_5_percent_of_stamped_mean_ms": {
+                    **{name: round(statistics.mean(p[i] for p, _ in tail)) for i, name in enumerate(PARTS)},
+                    **{name: round(statistics.mean(q[i] for _, q in tail)) for i, name in enumerate(PPPD_PARTS)}}})
     return out
 
 

@@ -116,6 +116,18 @@ static int px_tunnel_fd = -1;		/* a copy of the tunnel's UDP socket */
 static int px_nokernel;			/* errno of the PPPoL2TP probe at load (0: fine) */
 static int px_pty_chan = -1;		/* after a live move: the pty's channel, detached */
 static int px_tty = -1;			/* offloaded at pppd's start: the pty, kept for a move back */
+/* CLOCK_MONOTONIC (ns) when the last ask began and when its reply was read:
+ * sent back in the ack, so the daemon's log splits the hand-off between its
+ * own threads and this pppd's scheduling (the clock is one per machine) */
+static long long px_t_asked, px_t_read;
+
+static long long px_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 
 /* Read the whole reply line and the (up to two) fds that came with it. */
 static int px_recv(int s, char *buf, size_t len, int fds[2])
@@ -292,6 +304,8 @@ static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, in
 	struct stat st;
 
 	*conn = *fd = *tfd = -1;
+	px_t_asked = px_ns();
+	px_t_read = 0;
 	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0) {
 		snprintf(why, whylen, "socket: %s", strerror(errno));
@@ -328,6 +342,7 @@ static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, in
 		close(s);
 		return PX_REFUSED;	/* a daemon that does not answer in time is busy: ask it less often */
 	}
+	px_t_read = px_ns();
 	ret = PX_REFUSED;
 	/* the contract: the reply is one JSON object whose first member is "ok" */
 	if (fds[1] >= 0 && !px_is_tunnel_socket(fds[1]))
@@ -370,10 +385,16 @@ static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, in
 	return ret;
 }
 
-/* The daemon undoes the offload unless we acknowledge what we checked. */
+/* The daemon undoes the offload unless we acknowledge what we checked.
+ * The times are for its log only (a daemon before them ignores them). */
 static int px_ack(int s, char *why, size_t whylen)
 {
-	if (send(s, "{\"op\": \"ack\"}\n", 14, MSG_NOSIGNAL) == 14)
+	char line[128];
+	int n;
+
+	n = snprintf(line, sizeof(line), "{\"op\": \"ack\", \"asked_ns\": %lld, \"read_ns\": %lld, \"ack_ns\": %lld}\n",
+		     px_t_asked, px_t_read, px_ns());
+	if (n > 0 && (size_t)n < sizeof(line) && send(s, line, n, MSG_NOSIGNAL) == n)
 		return 0;
 	snprintf(why, whylen, "cannot acknowledge the channel: %s", strerror(errno));
 	return -1;

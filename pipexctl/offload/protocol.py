@@ -17,7 +17,9 @@ bytes, one JSON object ending in a newline::
 - ``v``: the protocol version the client speaks (1 when absent).  From 2 on,
   the client acknowledges a channel: after it has checked the sockets it
   got, it sends ``{"op": "ack"}`` on the same connection; without that
-  line within ACK_TIMEOUT the daemon undoes the offload.  From 3 on (a
+  line within ACK_TIMEOUT the daemon undoes the offload.  The C plugin adds
+  its CLOCK_MONOTONIC stamps (``asked_ns``, ``read_ns``, ``ack_ns``: its
+  ask began, it read the reply, it acked), which the daemon only logs.  From 3 on (a
   ``move``), the daemon answers the ack with ``{"ok": true, "committed":
   true}`` once the offload is kept, and the plugin swaps its call's channel
   only then: a channel whose offload the daemon gave up on is never used.
@@ -108,9 +110,23 @@ def reply(ok: bool, **fields: object) -> bytes:
     return json.dumps({"ok": ok, **fields}).encode() + b"\n"
 
 
-def is_ack(line: bytes) -> bool:
+def parse_ack(line: bytes) -> Optional[dict[str, object]]:
+    """The ack line's object, or None when ``line`` is not an ack."""
     try:
         obj = json.loads(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    return isinstance(obj, dict) and obj.get("op") == "ack"
+        return None
+    return obj if isinstance(obj, dict) and obj.get("op") == "ack" else None
+
+
+def ack_stamps(ack: dict[str, object], sent_ns: int, got_ns: int) -> Optional[tuple[int, int, int]]:
+    """The plugin's CLOCK_MONOTONIC stamps in its ack (ns: its ask began,
+    it read our reply, it sent the ack), when they fit between our sending
+    the reply (``sent_ns``) and reading the ack (``got_ns``); else None.
+    They are only logged, never acted on: a plugin before them sends none."""
+    asked, read, acked = (ack.get(k) for k in ("asked_ns", "read_ns", "ack_ns"))
+    if not (type(asked) is int and type(read) is int and type(acked) is int):  # bool is not a stamp
+        return None
+    if not (0 < asked <= sent_ns <= read <= acked <= got_ns):
+        return None
+    return asked, read, acked

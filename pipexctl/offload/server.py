@@ -41,7 +41,7 @@ from ..kernel.backend import KernelBackend
 from . import malloc, paths, reconcile, sdnotify
 from .datapath import DataPath
 from .links import Links
-from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, Request, is_ack, parse_request, reply
+from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, Request, ack_stamps, parse_ack, parse_request, reply
 from .ptys import call_key
 from .service import OffloadService
 from .watch import CallWatch, FdEvent
@@ -87,6 +87,18 @@ REFUSALS = {
     "pppd_not_started_by_root": "pid {pid} is a pppd started by a user (setuid): only xl2tpd's pppds are offloaded",
     "not_a_pppd_of_xl2tpd": "pid {pid} is not a pppd started by xl2tpd",
 }
+
+
+def _as_pppd_saw(ns: dict[str, int]) -> str:
+    """The offload's log line's tail: the request as its pppd timed it (from
+    connect() to reading the reply, which takes in the accept and the proof
+    before our own clock starts) and the hand-off split between pppd's
+    scheduling and ours; empty for a plugin that sent no stamps."""
+    if not ns:
+        return ""
+    ms = {k: v / 1e6 for k, v in ns.items()}
+    return ("; as pppd saw it %.0f ms (ms: its wake for our reply %.0f, its checks %.0f, our read of its ack %.0f)"
+            % (ms["waited"], ms["woke"], ms["checked"], ms["ack_read"]))
 
 
 def _ttyname(fd: Optional[int]) -> Optional[str]:
@@ -421,7 +433,7 @@ class OffloadServer:
             socket.send_fds(conn, [data], fds)
 
     @staticmethod
-    def _await_ack(conn: socket.socket, pid: int) -> None:
+    def _await_ack(conn: socket.socket, pid: int) -> dict[str, object]:
         """The plugin's word that it holds a channel it checked; else (it
         timed out, or refused the sockets) the offload is undone."""
         conn.settimeout(ACK_TIMEOUT)
@@ -434,9 +446,11 @@ class OffloadServer:
                 line += chunk
         except socket.timeout:
             pass
-        if not is_ack(line.split(b"\n")[0]):
+        ack = parse_ack(line.split(b"\n")[0])
+        if ack is None:
             raise errors.ChannelNotTakenError(f"pppd {pid} did not acknowledge its channel "
                                        f"({'closed' if not line else 'said ' + line[:60].decode('latin-1')!r})")
+        return ack
 
     def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool = False,
                  unit: Optional[int] = None) -> None:
@@ -486,14 +500,22 @@ class OffloadServer:
         def hand_off(meta: dict[str, object], fds: list[int]) -> None:
             if not _running(pidfd):  # the pppd that asked is gone: undo, send nothing
                 raise errors.NotFoundError(f"pppd {pid} exited before its channel was sent")
+            sent = time.monotonic_ns()  # before the send: pppd may read the reply before sendmsg returns
             self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1, "v": VERSION}, fds=fds)
             if acks:
-                self._await_ack(conn, pid)
+                ack = self._await_ack(conn, pid)
+                got = time.monotonic_ns()
+                stamps = ack_stamps(ack, sent, got)
+                if stamps is not None:
+                    asked, read, acked = stamps
+                    seen_by_pppd.update(waited=read - asked, woke=read - sent, checked=acked - read,
+                                        ack_read=got - acked)
             if move:  # kept from here on: the plugin swaps its channel only after this line
                 svc.failpoint("move-acked")
                 self._reply(conn, {"ok": True, "committed": True})
 
         timing: dict[str, float] = {}
+        seen_by_pppd: dict[str, int] = {}  # ns, from the plugin's stamps in its ack
         try:
             ch, meta = svc.offload(call, pid, _ttyname(pty), hand_off, xl2tpd_pid=xl2tpd_pid, timing=timing, moved=move,
                                 unit=unit)
@@ -507,11 +529,12 @@ class OffloadServer:
         svc.offloaded(time.monotonic() - t0, moved=move)
         log.info("call %d (tunnel %d) of pppd %d %s in %.0f ms (ms: discovery %.0f, of it the call's line %.0f, "
                  "lock %.0f, kernel %.0f, of it on a CPU %.0f and waiting for one %.0f, state file %.0f, "
-                 "hand-off %.0f)", call.call_id, call.tunnel_id, pid,
+                 "hand-off %.0f)%s", call.call_id, call.tunnel_id, pid,
                  "moved from its pty into the kernel" if move else "offloaded",
                  (time.monotonic() - t0) * 1000, (t1 - t0) * 1000, found.get("line", 0) * 1000,
                  *(timing.get(k, 0) * 1000 for k in ("lock", "build", "build_cpu", "build_runnable", "state",
                                                      "hand_off")),
+                 _as_pppd_saw(seen_by_pppd),
                  extra={"journal": {"TUNNEL_ID": call.tunnel_id, "CALL_ID": call.call_id, "PEER": call.peer,
                                     "PPPD_PID": pid, "EVENT": "moved" if move else "offloaded"}})
         if pty is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -108,6 +109,11 @@ def test_offload_both_sides(lab):
     ok, out = ping(l1.ns, "10.99.100.1")
     assert ok, out
     assert "pipexctl: kernel channel for tunnel" in (lab.lns.dir / "pppd.log").read_text()
+    # the plugin's ack carried its CLOCK_MONOTONIC stamps, and they fit between
+    # the daemon's reply and its read of the ack (one clock in the machine)
+    stamped = re.compile(r"offloaded in \d+ ms \(.*hand-off \d+\); as pppd saw it \d+ ms \(ms: its wake")
+    wait_until(lambda: stamped.search((lab.lns.dir / "serve.log").read_text()), "the offload's line with pppd's stamps",
+               timeout=10, detail=lambda: (lab.lns.dir / "serve.log").read_text()[-3000:])
     before_x = status_lns_bytes(lab)
     link0 = ip_json(lab.lns.ns, "-s", "link", "show", "ppp0")[0]["stats64"]["rx"]["bytes"]
     ok, out = ping(l1.ns, "10.99.100.1", count=20, size=1200)

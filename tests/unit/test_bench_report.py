@@ -189,10 +189,12 @@ def _module(name):
     return mod
 
 
-def _offload_line(at, total, line_wait):
+def _offload_line(at, total, line_wait, pppd=None):
+    tail = ("; as pppd saw it %d ms (ms: its wake for our reply %d, its checks %d, our read of its ack %d)" % pppd
+            if pppd else "")
     return (f"{at} pipexctl serve: call 1 (tunnel 2) of pppd 3 offloaded in {total} ms (ms: discovery {line_wait + 1}, "
             f"of it the call's line {line_wait}, lock 0, kernel 5, of it on a CPU 3 and waiting for one 2, state file 1, "
-            f"hand-off {total - line_wait - 7})\n")
+            f"hand-off {total - line_wait - 7}){tail}\n")
 
 
 def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tmp_path):
@@ -215,12 +217,13 @@ def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tm
     # 20 requests: one waited 300 ms for its line while a 1.5 s full poll ran, one 200 ms outside any poll
     log = "2026-12-06T10:00:00.000 pipexctl serve: serving on /run/x\n"
     log += "2026-12-06T10:00:11.500 pipexctl serve: slow discovery poll: 1500 ms, 300 ms of CPU (full=True; ms: scan 1)\n"
-    log += _offload_line("2026-12-06T10:00:10.800", 400, 300)
+    log += _offload_line("2026-12-06T10:00:10.800", 400, 300, (450, 80, 2, 1))  # a plugin that stamps its ack
     log += _offload_line("2026-12-06T10:00:20.500", 250, 200)
     # a poll that is not full, and one that ended just before the next request's wait began: neither counts
     log += "2026-12-06T10:00:21.000 pipexctl serve: slow discovery poll: 3000 ms, 1 ms of CPU (full=False; ms: logs 1)\n"
     log += "2026-12-06T10:00:29.900 pipexctl serve: slow discovery poll: 1200 ms, 300 ms of CPU (full=True; ms: scan 1)\n"
-    log += "".join(_offload_line(f"2026-12-06T10:00:{30 + i}.000", 20 + i, i) for i in range(18))
+    log += "".join(_offload_line(f"2026-12-06T10:00:{30 + i}.000", 20 + i, i, (25, 5, 1, 1) if i == 0 else None)
+                   for i in range(18))
     round_dir("b-d-153-1", {"all_offloaded_seconds": 108.0, "links_up": 153, "objects": {"pppol2tp_sessions": 153},
                             "channel_latency_ms": {"n": 20, "p50": 30.4, "p99": 399.6},
                             "stats": {"control_questions": 9, "control_questions_ahead": 8},
@@ -240,5 +243,10 @@ def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tm
     assert c["slowest_5_percent_mean_ms"]["request"] == 400 and c["slowest_5_percent_mean_ms"]["hand-off"] == 93
     assert (c["line_waits_over_100_ms"], c["of_them_during_a_full_poll"]) == (2, 1)
     assert (c["other_requests"], c["others_during_a_full_poll"]) == (18, 0)
+    # the two stamped requests: as pppd saw them, and less pppd's own wake and checks (400 - 80 - 2, 20 - 5 - 1)
+    assert c["stamped_requests"] == 2 and c["as_pppd_saw_p50_p90_p99_ms"] == [238, 408, 446]
+    assert c["less_pppds_wake_and_checks_p50_p90_p99_ms"] == [166, 288, 315]
+    s5 = c["slowest_5_percent_of_stamped_mean_ms"]
+    assert (s5["request"], s5["hand-off"], s5["as pppd saw it"], s5["its wake for our reply"]) == (400, 93, 450, 80)
     assert "a" not in t["codes"]  # kernel mode has no daemon
     assert "ratio=1.2" in sr.render(dst, t)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload.datapath import NullDataPath
-from pipexctl.offload.protocol import MAX_REQUEST, OPS, Request, is_ack, parse_request, reply
+from pipexctl.offload.protocol import MAX_REQUEST, OPS, Request, ack_stamps, parse_ack, parse_request, reply
 from pipexctl.offload.server import OffloadServer
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -70,8 +70,15 @@ def test_the_contract_the_c_plugin_reads():
     req, why = parse_request(b'{"op": "move", "v": 4, "pid": 4242, "unit": 3}\n')
     assert why is None and req.unit == 3
     assert parse_request(b'{"op": "move", "v": 4, "pid": 4242, "unit": -1}\n') == (None, "malformed_request")
-    assert is_ack(b'{"op": "ack"}') and not is_ack(b'{"op": "ack"') and not is_ack(b"")
-    assert '"{\\"ok\\": true,"' in src and '"{\\"op\\": \\"ack\\"}\\n"' in src
+    assert parse_ack(b'{"op": "ack"}') == {"op": "ack"} and parse_ack(b'{"op": "ack"') is None
+    assert parse_ack(b"") is None and parse_ack(b'{"op": "nack"}') is None and parse_ack(b"[1]") is None
+    assert '"{\\"ok\\": true,"' in src
+    # the ack as the plugin formats it, its stamps filled in: an ack, and its stamps read back
+    fmt = '{\\"op\\": \\"ack\\", \\"asked_ns\\": %lld, \\"read_ns\\": %lld, \\"ack_ns\\": %lld}\\n'
+    assert f'"{fmt}"' in src
+    line = (fmt.replace('\\"', '"').replace("\\n", "").replace("%lld", "%d") % (100, 250, 260)).encode()
+    ack = parse_ack(line)
+    assert ack is not None and ack_stamps(ack, 200, 300) == (100, 250, 260)
     # a move's commit line, and a refusal for good, as the plugin compares them
     commit = reply(True, committed=True)
     assert '"{\\"ok\\": true, \\"committed\\": true", 30' in src and len(b'{"ok": true, "committed": true') == 30
@@ -133,3 +140,18 @@ def test_after_the_fuzzing_the_daemon_still_serves(live):
     n = live.service.stats["refused"]
     assert exchange(live.socket_path, b"") == b""
     assert live.service.stats["refused"] == n
+
+
+def test_ack_stamps_are_taken_only_when_they_fit_between_our_send_and_our_read():
+    ok = {"op": "ack", "asked_ns": 100, "read_ns": 250, "ack_ns": 260}
+    assert ack_stamps(ok, 200, 300) == (100, 250, 260)
+    assert ack_stamps({"op": "ack"}, 200, 300) is None  # a plugin before the stamps
+    for bad in ({**ok, "read_ns": 199},  # read before we sent
+                {**ok, "ack_ns": 301},  # acked after we read the ack
+                {**ok, "ack_ns": 240},  # acked before it read
+                {**ok, "asked_ns": 201},  # asked after we answered
+                {**ok, "asked_ns": 0},
+                {**ok, "read_ns": 250.0},
+                {**ok, "read_ns": True},
+                {**ok, "read_ns": "250"}):
+        assert ack_stamps(bad, 200, 300) is None, bad

@@ -288,3 +288,52 @@ def test_a_request_that_fails_with_any_error_is_answered_and_the_daemon_serves_o
     finally:
         srv.stop.set()
         t.join(10)
+
+
+def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_path, monkeypatch, caplog):
+    """The C plugin's ack carries its CLOCK_MONOTONIC stamps; the daemon's
+    log line then says how long the request took as pppd saw it and where
+    the hand-off went.  An ack without stamps, or with stamps that do not
+    fit between the reply and the ack, adds nothing (and is still an ack)."""
+    import logging
+    import re
+
+    caplog.set_level(logging.INFO, logger="pipexctl.serve")
+    srv, t = _move_server(tmp_path, monkeypatch)
+    tail = re.compile(r"; as pppd saw it (\d+) ms \(ms: its wake for our reply (\d+), its checks (\d+), "
+                      r"our read of its ack (\d+)\)$")
+
+    def move(ack) -> str:
+        caplog.clear()
+        if ("xl2tpd", 100) in srv.service.tunnels:  # the call again (the tunnel kept)
+            srv.service.tunnels[("xl2tpd", 100)].records.pop(1)
+        asked = time.monotonic_ns()
+        s, rep = _ask_move(srv.socket_path)
+        assert rep["ok"], rep
+        s.sendall(ack(asked, time.monotonic_ns()))
+        assert json.loads(s.makefile().readline()) == {"ok": True, "committed": True}
+        s.close()
+        for _ in range(200):
+            lines = [r.getMessage() for r in caplog.records if "moved from its pty" in r.getMessage()]
+            if lines:
+                return lines[0]
+            time.sleep(0.02)
+        raise AssertionError("no offload line logged")
+
+    def stamped(asked, read):
+        time.sleep(0.05)  # "its checks"
+        return b'{"op": "ack", "asked_ns": %d, "read_ns": %d, "ack_ns": %d}\n' % (asked, read, time.monotonic_ns())
+
+    try:
+        line = move(stamped)
+        m = tail.search(line)
+        assert m, line
+        waited, woke, checked, ack_read = map(int, m.groups())
+        assert 50 <= checked < 1000 and waited >= woke and ack_read < 1000
+        hand_off = int(re.search(r"hand-off (\d+)\)", line).group(1))
+        assert hand_off + 2 >= woke + checked + ack_read  # parts of the hand-off (each rounded)
+        assert tail.search(move(lambda asked, read: b'{"op": "ack"}\n')) is None
+        assert tail.search(move(lambda asked, read: b'{"op": "ack", "asked_ns": 1, "read_ns": 1, "ack_ns": 1}\n')) is None
+    finally:
+        srv.stop.set()
+        t.join(10)

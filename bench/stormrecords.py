@@ -46,6 +46,9 @@ PARTS = ("request", "discovery", "line", "lock", "kernel", "on a CPU", "waiting 
 AS_PPPD = re.compile(r"; as pppd saw it (\d+) ms \(ms: its wake for our reply (\d+), its checks (\d+), "
                      r"our read of its ack (\d+)\)")
 PPPD_PARTS = ("as pppd saw it", "its wake for our reply", "its checks", "our read of its ack")
+BEFORE = re.compile(r"; before our clock (\d+) ms \(ms: until our accept (\d+), its thread (\d+), "
+                    r"the request read (\d+), its pppd proven (\d+)\)")
+BEFORE_PARTS = ("before our clock", "until our accept", "its thread", "the request read", "its pppd proven")
 FULL_POLL = re.compile(r"slow discovery poll: (\d+) ms, .*full=True")
 
 
@@ -78,6 +81,7 @@ def _stamp(line: str) -> Optional[float]:
         return None
 
 
+# start, the daemon's parts, pppd's (PPPD_PARTS, then BEFORE_PARTS when logged)
 Offload = tuple[float, tuple[int, ...], Optional[tuple[int, ...]]]
 
 
@@ -91,8 +95,9 @@ def serve_log(path: Path) -> tuple[list[Offload], list[tuple[float, float]]]:
                 continue
             if m := OFFLOAD.search(line):
                 parts = tuple(int(x) for x in m.groups())
-                pppd = AS_PPPD.search(line, m.end())
-                offloads.append((t - parts[0] / 1000, parts, tuple(int(x) for x in pppd.groups()) if pppd else None))
+                pppd, before = AS_PPPD.search(line, m.end()), BEFORE.search(line, m.end())
+                seen = tuple(int(x) for x in pppd.groups() + (before.groups() if before else ())) if pppd else None
+                offloads.append((t - parts[0] / 1000, parts, seen))
             elif m := FULL_POLL.search(line):
                 polls.append((t - int(m.group(1)) / 1000, t))
     return offloads, polls
@@ -177,6 +182,14 @@ def table(d: Path) -> dict:
                 "slowest_5_percent_of_stamped_mean_ms": {
                     **{name: round(statistics.mean(p[i] for p, _ in tail)) for i, name in enumerate(PARTS)},
                     **{name: round(statistics.mean(q[i] for _, q in tail)) for i, name in enumerate(PPPD_PARTS)}}})
+            timed = sorted(q for _, q in stamped if len(q) > len(PPPD_PARTS))  # the steps before our clock logged
+            if timed:
+                names = PPPD_PARTS + BEFORE_PARTS
+                out["codes"][code].update({
+                    "before_our_clock_p50_p90_p99_ms": pcts([q[len(PPPD_PARTS)] for q in timed]),
+                    "slowest_5_percent_as_pppd_saw_mean_ms": {
+                        name: round(statistics.mean(q[i] for q in timed[-max(1, len(timed) // 20):]))
+                        for i, name in enumerate(names)}})
     return out
 
 

@@ -89,16 +89,23 @@ REFUSALS = {
 }
 
 
-def _as_pppd_saw(ns: dict[str, int]) -> str:
+def _as_pppd_saw(ns: dict[str, int], clock: dict[str, int]) -> str:
     """The offload's log line's tail: the request as its pppd timed it (from
-    connect() to reading the reply, which takes in the accept and the proof
-    before our own clock starts) and the hand-off split between pppd's
-    scheduling and ours; empty for a plugin that sent no stamps."""
+    its connect() to its reading of the reply), the hand-off split between
+    pppd's scheduling and ours, and what came before our own clock began
+    (``clock``: when we accepted the request, its thread began, it was read,
+    the requester proven); empty for a plugin that sent no stamps."""
     if not ns:
         return ""
     ms = {k: v / 1e6 for k, v in ns.items()}
-    return ("; as pppd saw it %.0f ms (ms: its wake for our reply %.0f, its checks %.0f, our read of its ack %.0f)"
+    tail = ("; as pppd saw it %.0f ms (ms: its wake for our reply %.0f, its checks %.0f, our read of its ack %.0f)"
             % (ms["waited"], ms["woke"], ms["checked"], ms["ack_read"]))
+    steps = [ns["asked"]] + [clock.get(k, 0) for k in ("accepted", "begun", "read", "proven")]
+    if all(a <= b for a, b in zip(steps, steps[1:])):  # 0: a step not timed
+        d = [(b - a) / 1e6 for a, b in zip(steps, steps[1:])]
+        tail += ("; before our clock %.0f ms (ms: until our accept %.0f, its thread %.0f, the request read %.0f, "
+                 "its pppd proven %.0f)" % (sum(d), *d))
+    return tail
 
 
 def _ttyname(fd: Optional[int]) -> Optional[str]:
@@ -193,7 +200,7 @@ class OffloadServer:
                         log.warning("cannot accept a request: %s (raise LimitNOFILE); retrying", e.strerror)
                     self.stop.wait(0.5)
                     continue
-                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+                threading.Thread(target=self._handle, args=(conn, time.monotonic_ns()), daemon=True).start()
         finally:
             sdnotify.notify("STOPPING=1")
             sel.close()
@@ -238,7 +245,9 @@ class OffloadServer:
             sdnotify.notify("READY=1", f"STATUS=serving; {self._summary()}")
 
     # ---------------------------------------------------------- requests
-    def _handle(self, conn: socket.socket) -> None:
+    def _handle(self, conn: socket.socket, accepted: int = 0) -> None:
+        # when the request was accepted and its thread began (ns), for the offload's log line
+        clock = {"accepted": accepted, "begun": time.monotonic_ns()}
         fds: list[int] = []
         kept = False  # a plugin's control link: the connection stays open
         try:
@@ -279,9 +288,9 @@ class OffloadServer:
                     self._reply(conn, {"ok": True, "reconcile": reconcile.reconcile(self.service)})
             elif op == "channel":
                 pty = fds.pop(0) if fds and os.isatty(fds[0]) else None
-                self._channel(conn, pid, pty, req.acks)
+                self._channel(conn, pid, pty, req.acks, clock=clock)
             elif op == "move":
-                self._channel(conn, pid, None, acks=True, move=True, unit=req.unit)
+                self._channel(conn, pid, None, acks=True, move=True, unit=req.unit, clock=clock)
             elif op == "link":
                 kept = self._link(conn, pid)
             elif op == "path":
@@ -453,16 +462,18 @@ class OffloadServer:
         return ack
 
     def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool = False,
-                 unit: Optional[int] = None) -> None:
+                 unit: Optional[int] = None, clock: Optional[dict[str, int]] = None) -> None:
         held = False
+        clock = {} if clock is None else clock
+        clock["read"] = time.monotonic_ns()
         try:
-            held = self._channel_inner(conn, pid, pty, acks, move, unit)
+            held = self._channel_inner(conn, pid, pty, acks, move, unit, clock)
         finally:
             if pty is not None and not held:
                 os.close(pty)  # not taken over: pppd stays on its pty
 
     def _channel_inner(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool,
-                       unit: Optional[int]) -> bool:
+                       unit: Optional[int], clock: dict[str, int]) -> bool:
         """Offload pppd ``pid``'s call (``move``: a call running on its pty,
         ``unit`` its ppp unit); True when ``pty`` is now held by us."""
         try:
@@ -470,13 +481,13 @@ class OffloadServer:
         except ProcessLookupError:
             pidfd = None
         try:
-            return self._offload_for(conn, pid, pty, pidfd, acks, move, unit)
+            return self._offload_for(conn, pid, pty, pidfd, acks, move, unit, clock)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
 
     def _offload_for(self, conn: socket.socket, pid: int, pty: Optional[int], pidfd: Optional[int],
-                     acks: bool, move: bool, unit: Optional[int]) -> bool:
+                     acks: bool, move: bool, unit: Optional[int], clock: dict[str, int]) -> bool:
         svc = self.service
         xl2tpd_pid, refusal = prove_requester(pid) if pidfd is not None else (None, "requester_gone")
         if refusal or not _running(pidfd):
@@ -487,7 +498,7 @@ class OffloadServer:
             # not xl2tpd's pppd now, so never: a plugin that would ask again stops
             self._reply(conn, {"ok": False, "error": REFUSALS[refusal].format(pid=pid), "retry": False})
             return False
-        t0 = time.monotonic()
+        t0, clock["proven"] = time.monotonic(), time.monotonic_ns()
         found: dict[str, float] = {}
         call, why = self.watch.call_of(pid, self.wait, xl2tpd_pid, found)
         t1 = time.monotonic()
@@ -508,7 +519,7 @@ class OffloadServer:
                 stamps = ack_stamps(ack, sent, got)
                 if stamps is not None:
                     asked, read, acked = stamps
-                    seen_by_pppd.update(waited=read - asked, woke=read - sent, checked=acked - read,
+                    seen_by_pppd.update(asked=asked, waited=read - asked, woke=read - sent, checked=acked - read,
                                         ack_read=got - acked)
             if move:  # kept from here on: the plugin swaps its channel only after this line
                 svc.failpoint("move-acked")
@@ -534,7 +545,7 @@ class OffloadServer:
                  (time.monotonic() - t0) * 1000, (t1 - t0) * 1000, found.get("line", 0) * 1000,
                  *(timing.get(k, 0) * 1000 for k in ("lock", "build", "build_cpu", "build_runnable", "state",
                                                      "hand_off")),
-                 _as_pppd_saw(seen_by_pppd),
+                 _as_pppd_saw(seen_by_pppd, clock),
                  extra={"journal": {"TUNNEL_ID": call.tunnel_id, "CALL_ID": call.call_id, "PEER": call.peer,
                                     "PPPD_PID": pid, "EVENT": "moved" if move else "offloaded"}})
         if pty is None:

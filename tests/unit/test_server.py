@@ -292,8 +292,8 @@ def test_a_request_that_fails_with_any_error_is_answered_and_the_daemon_serves_o
 
 def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_path, monkeypatch, caplog):
     """The C plugin's ack carries its CLOCK_MONOTONIC stamps; the daemon's
-    log line then says how long the request took as pppd saw it and where
-    the hand-off went.  An ack without stamps, or with stamps that do not
+    log line then says how long the request took as pppd saw it, where
+    the hand-off went, and what came before the daemon's own clock began.  An ack without stamps, or with stamps that do not
     fit between the reply and the ack, adds nothing (and is still an ack)."""
     import logging
     import re
@@ -301,7 +301,9 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
     caplog.set_level(logging.INFO, logger="pipexctl.serve")
     srv, t = _move_server(tmp_path, monkeypatch)
     tail = re.compile(r"; as pppd saw it (\d+) ms \(ms: its wake for our reply (\d+), its checks (\d+), "
-                      r"our read of its ack (\d+)\)$")
+                      r"our read of its ack (\d+)\)")
+    before = re.compile(r"; before our clock (\d+) ms \(ms: until our accept (\d+), its thread (\d+), "
+                        r"the request read (\d+), its pppd proven (\d+)\)$")
 
     def move(ack) -> str:
         caplog.clear()
@@ -332,6 +334,11 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
         assert 50 <= checked < 1000 and waited >= woke and ack_read < 1000
         hand_off = int(re.search(r"hand-off (\d+)\)", line).group(1))
         assert hand_off + 2 >= woke + checked + ack_read  # parts of the hand-off (each rounded)
+        # what came before the daemon's own clock: its four steps, and no more than pppd waited in all
+        b = before.search(line)
+        assert b, line
+        pre, *steps = map(int, b.groups())
+        assert abs(pre - sum(steps)) <= 3 and pre <= waited
         assert tail.search(move(lambda asked, read: b'{"op": "ack"}\n')) is None
         assert tail.search(move(lambda asked, read: b'{"op": "ack", "asked_ns": 1, "read_ns": 1, "ack_ns": 1}\n')) is None
     finally:

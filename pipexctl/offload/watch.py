@@ -18,7 +18,7 @@ import selectors
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from .. import defaults
 from ..discovery import checkpoint, procscan, udpdrops
@@ -593,50 +593,20 @@ class CallWatch:
         del self.discovery.warnings[:]
         return ev
 
-    @staticmethod
-    def _scan(wanted: dict[str, Any], out: dict[str, Any]) -> None:
-        """A full poll's /proc scan (``out``: what it found, and its CPU)."""
-        cpu0 = time.thread_time()
-        try:
-            out["scanned"] = procscan.scan(**wanted)
-        except OSError as e:  # out of fds: no scan this round, and no end read into a failed one
-            log.warning("discovery: cannot scan /proc: %s", e.strerror)
-        except Exception:  # a bug must not stop the watcher: no scan this round
-            log.exception("discovery: the /proc scan failed")
-        finally:
-            out["cpu"] = time.thread_time() - cpu0
-
-    def _read_logs(self, handle: Callable[[list[Event]], None]) -> None:
-        """The new log lines read and their events handed on (a poll that is not full)."""
-        with self.lock:
-            self._read_at = time.monotonic()
-            self._poll_part(reconcile=False)
-            ev = self._collect()
-        if ev:
-            self.active = time.monotonic()
-            _survive(lambda: handle(ev))
-
     def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
         t, cpu0 = time.monotonic(), time.thread_time()
-        scanned, scan_cpu = None, 0.0
+        scanned = None
         if full and self.discovery.proc:
             with self.lock:
                 wanted = self.discovery.scan_wanted()
-            # the scan (0.3-1.2 s in a storm on TCG) runs outside the lock in a
-            # thread of its own, and the logs are read meanwhile: a request
-            # waiting for its call's line, and the asker, do not wait for it
-            out: dict[str, Any] = {}
-            scan = threading.Thread(target=self._scan, args=(wanted, out), name="pipexctl-scan", daemon=True)
             try:
-                scan.start()
-            except RuntimeError:  # no thread to be had: the scan in this one
-                self._scan(wanted, out)
-            while scan.is_alive():  # a read that finds nothing new is a read(2) per log
-                scan.join(self.WAITING_INTERVAL)
-                if scan.is_alive():
-                    self._read_logs(handle)
-            scanned, scan_cpu = out.get("scanned"), out.get("cpu", 0.0)
-            full = scanned is not None
+                scanned = procscan.scan(**wanted)  # outside the lock: slow under TCG
+            except OSError as e:  # out of fds: no scan this round, and no end read into a failed one
+                log.warning("discovery: cannot scan /proc: %s", e.strerror)
+                full = False
+            except Exception:  # a bug must not stop the watcher: no scan this round
+                log.exception("discovery: the /proc scan failed")
+                full = False
         t_scanned = time.monotonic()
         # new log lines first; then, once the requests that waited on the lock
         # meanwhile have had it (their lines are read now), the reconcile
@@ -653,7 +623,7 @@ class CallWatch:
                 parts.update(self._poll_part(reconcile=True, scanned=scanned, scanned_at=t))
                 ev = self._collect()
         took = time.monotonic() - t
-        cpu = time.thread_time() - cpu0 + scan_cpu
+        cpu = time.thread_time() - cpu0
         if full:
             self.scan_cpu = cpu
         if took > 1.0:

@@ -249,51 +249,6 @@ def test_full_polls_take_at_most_a_tenth_of_a_cpu():
     assert w.scan_cpu >= 0.1
 
 
-def test_the_logs_are_read_while_a_full_polls_scan_runs(tmp_path, monkeypatch):
-    """A full poll's /proc scan runs in a thread of its own: a call's line
-    written meanwhile is read before the scan ends (a request waiting for
-    it is not held for the scan), and the scan's CPU still counts for the
-    watcher's tenth of a CPU (scan_cpu)."""
-    from pipexctl.discovery import procscan
-
-    log = tmp_path / "xl2tpd.log"
-    log.write_text("xl2tpd[147]: xl2tpd version xl2tpd-1.3.18 started on (none) PID:147\n")
-    d = Discovery([str(log)], proc=True, kernel=False)
-    d.refresh(events=False)
-    w = CallWatch(d, log_interval=0.02, reconcile_interval=3600)
-    release, scanning = threading.Event(), threading.Event()
-
-    def scan(**kw):
-        scanning.set()
-        end = time.thread_time() + 0.1
-        while time.thread_time() < end:
-            pass
-        assert release.wait(10)
-        return [], {}
-
-    monkeypatch.setattr(procscan, "scan", scan)
-    handled = []
-    t = threading.Thread(target=w._poll, args=(True, handled.extend), daemon=True)
-    t.start()
-    try:
-        assert scanning.wait(5)
-        with log.open("a") as f:
-            f.write("xl2tpd[147]: Connection established to 10.99.1.2, 1701.  Local: 28398, Remote: 58717 "
-                    "(ref=0/0).  LNS session is 'default'\n"
-                    "xl2tpd[147]: Call established with 10.99.1.2, PID: 151, Local: 19361, Remote: 13604, Serial: 1\n")
-        end = time.monotonic() + 5
-        while not any(c.pppd_pid == 151 for c in d.tracker.calls()) and time.monotonic() < end:
-            time.sleep(0.01)
-        assert any(c.pppd_pid == 151 for c in d.tracker.calls()), "the line was not read during the scan"
-        assert t.is_alive() and not release.is_set()  # ... while the scan still ran
-        assert any(e.event == "CallUp" for e in handled)  # and its events handed on at once
-    finally:
-        release.set()
-        t.join(10)
-        d.close()
-    assert not t.is_alive() and w.scan_cpu >= 0.1
-
-
 def test_a_scan_that_fails_is_logged_and_the_watcher_goes_on(tmp_path, monkeypatch, caplog):
     """Whatever a /proc scan raises (before procscan read names as bytes, a
     process named with bytes that are not UTF-8 did it), the watcher logs it,

@@ -789,6 +789,14 @@ class Discovery:
                             children: dict[int, list[procscan.Proc]], started: float) -> list[Event]:
         ev: list[Event] = []
         if ins.daemon_pid is not None and ins.daemon_pid not in alive:
+            # the scan runs outside the lock, and a request may read the logs
+            # meanwhile: an xl2tpd whose start was read after the scan began
+            # is not in it, and is judged by /proc now, by the scan's own test
+            try:
+                if procscan.is_xl2tpd(ins.daemon_pid):
+                    return ev  # its children were not read either: the next scan judges it
+            except OSError:  # out of fds here: nothing known of it, nothing ended
+                return ev
             ev += self.tracker.all_down(ins, f"xl2tpd pid {ins.daemon_pid} is gone")
             ins.daemon_pid = None
             if ins.name != s.name:  # a second xl2tpd of the stream: its name had its pid

@@ -171,7 +171,7 @@ def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
             p = read_process(int(name), with_fds=False, stat=stat)
             if p is not None:
                 daemons.append(p)
-    # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon
+    # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon (is_xl2tpd)
     named = {d.pid for d in daemons}
     daemons = [d for d in daemons if d.ppid not in named]
     children: dict[int, list[Proc]] = {d.pid: [] for d in daemons if parents is None or d.pid in parents}
@@ -232,6 +232,13 @@ def comm_ppid(pid: int) -> Optional[tuple[str, int]]:
         return None
     comm, rest = _split_stat(stat)
     return comm, int(rest[1])
+
+
+def is_xl2tpd(pid: int) -> bool:
+    """``pid`` is what a scan counts as an xl2tpd daemon: named xl2tpd, and
+    not a child of one (a fork that has yet to exec its pppd)."""
+    who = comm_ppid(pid)
+    return who is not None and who[0] == "xl2tpd" and not runs(who[1], "xl2tpd")
 
 
 def runs(pid: int, comm: str) -> bool:

@@ -373,3 +373,31 @@ def test_a_full_scan_reads_the_fds_only_of_pppds_whose_path_is_open(tmp_path):
     d.kernel = False  # without the kernel's word, /proc's decides: read
     assert d.scan_wanted()["fds_of"](procscan.Proc(pid=10, ppid=5, comm="pppd", argv=["pppd"], start=0))
     d.close()
+
+
+def test_an_xl2tpd_started_after_the_scan_began_is_not_declared_gone(tmp_path):
+    """A request may read the logs while a scan runs (outside the lock): an
+    xl2tpd whose start (and call) was read after the scan began is not in it.  /proc is asked again, by
+    the scan's own test (named xl2tpd, not a fork of one), before its calls
+    are ended; a pid that is gone, or no xl2tpd, ends them as before."""
+    from pipexctl.discovery import procscan
+
+    from .test_procscan import xl2tpd_with_child
+
+    with xl2tpd_with_child() as (xl2tpd, kid):
+        d = _one_lns_call(tmp_path, xl2tpd, kid)
+        d.proc = True
+        assert d.tracker.inst(d.sources[0].name).daemon_pid == xl2tpd
+        assert procscan.is_xl2tpd(xl2tpd) and not procscan.is_xl2tpd(kid)  # the fork: no daemon
+        assert d._reconcile_proc(scanned=([], {})) == []  # a scan older than its start
+        assert [c.call_id for c in d.tracker.calls()] == [19361]
+    ev = d._reconcile_proc(scanned=([], {}))  # now gone: the call and its tunnel end
+    assert [e.event for e in ev] == ["CallDown", "TunnelDown"] and d.tracker.calls() == []
+    assert ev[1].reason == f"xl2tpd pid {xl2tpd} is gone"
+    d.close()
+    # a live process that is no xl2tpd (here: this test) is judged gone too
+    d = _one_lns_call(tmp_path, os.getpid(), 1)
+    d.proc = True
+    ev = d._reconcile_proc(scanned=([], {}))
+    assert [e.event for e in ev] == ["CallDown", "TunnelDown"] and ev[1].reason == f"xl2tpd pid {os.getpid()} is gone"
+    d.close()

@@ -17,7 +17,13 @@ CODE-CASE-K-N-lns-{serve,xl2tpd,pppd}.log.gz.
   their wait, from the request to the line, overlaps the poll's span,
   which counts as starting 50 ms early (the log's stamps are the ends).
   A longer wait overlaps a poll more easily, so the two counts are not
-  the same odds.
+  the same odds. Pools are per code and K ("CODE K=N");
+- where the plugin stamped its ack (since c8ac1ae; the line's tail "; as
+  pppd saw it ..."), the request as pppd timed it, the request less pppd's
+  wake for the reply and its checks, and the slowest 5 % of those split;
+  where the line also says what came before the daemon's clock (since
+  f708219: "; before our clock ..."), its percentiles and the slowest 5 %
+  by pppd's own time, split into those steps.
 Percentiles are `statistics.quantiles(values, n=100, method="inclusive")`,
 rounded to the ms. Each directory is one boot, read on its own: a ratio is
 to the kernel mode of its own boot.
@@ -150,20 +156,22 @@ def table(d: Path) -> dict:
             "request_p50_p99_ms": [round(lat["p50"]), round(lat["p99"])] if lat.get("n") else None,
             "control_questions": st.get("control_questions"), "asked_ahead": st.get("control_questions_ahead"),
             "daemon_cpu_s": (row.get("cpu_seconds") or {}).get("serve"), "tunnel_id_clashes": row.get("tunnel_id_clashes")})
-    for code in sorted({r.code for r in rs if r.offloads}):
-        offs = [o for r in rs if r.code == code for o in r.offloads]
+    # pooled per code and K (a boot may run several Ks)
+    for code, k in sorted({(r.code, r.k) for r in rs if r.offloads}):
+        pool = [r for r in rs if (r.code, r.k) == (code, k)]
+        offs = [o for r in pool for o in r.offloads]
         req, line = [p[0] for _, p, _ in offs], [p[2] for _, p, _ in offs]
         slowest = sorted(p for _, p, _ in offs)[-max(1, len(offs) // 20):]
         stamped = sorted((p, q) for _, p, q in offs if q is not None)
         waited = during = others = others_during = 0
-        for r in (r for r in rs if r.code == code):
+        for r in pool:
             for start, p, _ in r.offloads:
                 in_poll = any(a - 0.05 <= start + p[2] / 1000 and start <= b for a, b in r.polls)
                 if p[2] > 100:
                     waited, during = waited + 1, during + in_poll
                 else:
                     others, others_during = others + 1, others_during + in_poll
-        out["codes"][code] = {
+        out["codes"][f"{code} K={k}"] = {
             "requests": len(offs),
             "request_p50_p90_p99_ms": pcts(req),
             "line_wait_p50_p90_p99_ms": pcts(line),
@@ -175,7 +183,7 @@ def table(d: Path) -> dict:
         if stamped:
             # the daemon's own share: the request less what pppd's scheduling took of its hand-off
             tail = stamped[-max(1, len(stamped) // 20):]
-            out["codes"][code].update({
+            out["codes"][f"{code} K={k}"].update({
                 "stamped_requests": len(stamped),
                 "as_pppd_saw_p50_p90_p99_ms": pcts([q[0] for _, q in stamped]),
                 "less_pppds_wake_and_checks_p50_p90_p99_ms": pcts([p[0] - q[1] - q[2] for p, q in stamped]),
@@ -185,7 +193,7 @@ def table(d: Path) -> dict:
             timed = sorted(q for _, q in stamped if len(q) > len(PPPD_PARTS))  # the steps before our clock logged
             if timed:
                 names = PPPD_PARTS + BEFORE_PARTS
-                out["codes"][code].update({
+                out["codes"][f"{code} K={k}"].update({
                     "before_our_clock_p50_p90_p99_ms": pcts([q[len(PPPD_PARTS)] for q in timed]),
                     "slowest_5_percent_as_pppd_saw_mean_ms": {
                         name: round(statistics.mean(q[i] for q in timed[-max(1, len(timed) // 20):]))

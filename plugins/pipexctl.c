@@ -125,7 +125,8 @@ static long long px_ns(void)
 {
 	struct timespec t;
 
-	clock_gettime(CLOCK_MONOTONIC, &t);
+	if (clock_gettime(CLOCK_MONOTONIC, &t) < 0)
+		return 0;	/* the daemon takes no stamp of 0 */
 	return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
@@ -391,11 +392,16 @@ static int px_ack(int s, char *why, size_t whylen)
 {
 	char line[128];
 	int n;
+	ssize_t w;
 
 	n = snprintf(line, sizeof(line), "{\"op\": \"ack\", \"asked_ns\": %lld, \"read_ns\": %lld, \"ack_ns\": %lld}\n",
 		     px_t_asked, px_t_read, px_ns());
-	if (n > 0 && (size_t)n < sizeof(line) && send(s, line, n, MSG_NOSIGNAL) == n)
+	if (n <= 0 || (size_t)n >= sizeof(line))
+		errno = EMSGSIZE;
+	else if ((w = send(s, line, n, MSG_NOSIGNAL)) == n)
 		return 0;
+	else if (w >= 0)
+		errno = EIO;	/* a short send on a stream socket we just connected */
 	snprintf(why, whylen, "cannot acknowledge the channel: %s", strerror(errno));
 	return -1;
 }

@@ -56,7 +56,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 MAX_REQUEST = 4096
 VERSION = 4
 MOVE_VERSION = 3  # the first version whose ``move`` waits for the commit line
-ACK = b'{"op": "ack"}'
 ACK_TIMEOUT = 5.0
 
 OPS = ("status", "metrics", "reconcile", "channel", "move", "link", "path")

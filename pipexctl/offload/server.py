@@ -80,11 +80,11 @@ def _running(pidfd: Optional[int]) -> bool:
 
 
 LINK_TIMEOUT = 2.0  # seconds a write to a plugin's control link may block
+LINK_ANSWER_WAIT = 15.0  # seconds the plugins have to answer an operator's move (they tick every second)
 # serve's switch interval (Python's default 5 ms): a thread woken by I/O (an
 # accept, a request, an ack) waits at most this long for the interpreter's
 # lock while the watcher or the asker computes (boot w: docs/offload.md)
 SWITCH_INTERVAL = 0.001
-LINK_ANSWER_WAIT = 15.0  # seconds the plugins have to answer an operator's move (they tick every second)
 
 REFUSALS = {
     "requester_gone": "pid {pid} exited before its request was answered",
@@ -99,7 +99,7 @@ def _as_pppd_saw(ns: dict[str, int], clock: dict[str, int]) -> str:
     pppd's scheduling and ours, and what came before our own clock began
     (``clock``: when we accepted the request, its thread began, it was read,
     the requester proven); empty for a plugin that sent no stamps."""
-    if not ns:
+    if not ns or 0 < clock.get("accepted", 0) < ns["asked"]:  # none, or an ask begun after we accepted it
         return ""
     ms = {k: v / 1e6 for k, v in ns.items()}
     tail = ("; as pppd saw it %.0f ms (ms: its wake for our reply %.0f, its checks %.0f, our read of its ack %.0f)"
@@ -438,12 +438,16 @@ class OffloadServer:
         except OSError:
             pass
 
-    def _reply(self, conn: socket.socket, obj: dict[str, Any], fds: Optional[list[int]] = None) -> None:
+    def _reply(self, conn: socket.socket, obj: dict[str, Any], fds: Optional[list[int]] = None) -> int:
+        """Send one reply line; returns when it was sent (monotonic ns, taken
+        just before the send: the requester may read it before send returns)."""
         data = reply(**obj)
+        sent = time.monotonic_ns()
         if not fds:
             conn.sendall(data)
         else:
             socket.send_fds(conn, [data], fds)
+        return sent
 
     @staticmethod
     def _await_ack(conn: socket.socket, pid: int) -> dict[str, object]:
@@ -515,8 +519,7 @@ class OffloadServer:
         def hand_off(meta: dict[str, object], fds: list[int]) -> None:
             if not _running(pidfd):  # the pppd that asked is gone: undo, send nothing
                 raise errors.NotFoundError(f"pppd {pid} exited before its channel was sent")
-            sent = time.monotonic_ns()  # before the send: pppd may read the reply before sendmsg returns
-            self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1, "v": VERSION}, fds=fds)
+            sent = self._reply(conn, {"ok": True, **meta, "tunnel_fd": len(fds) > 1, "v": VERSION}, fds=fds)
             if acks:
                 ack = self._await_ack(conn, pid)
                 got = time.monotonic_ns()

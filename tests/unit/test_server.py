@@ -337,10 +337,18 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
         # what came before the daemon's own clock: its four steps, and no more than pppd waited in all
         b = before.search(line)
         assert b, line
-        pre, *steps = map(int, b.groups())
-        assert abs(pre - sum(steps)) <= 3 and pre <= waited
+        pre = int(b.group(1))
+        request = int(re.search(r"in (\d+) ms \(ms:", line).group(1))
+        # pppd's wait = before our clock + our request - its checks - our read of its ack (each rounded)
+        assert abs(waited - (pre + request - checked - ack_read)) <= 4, line
         assert tail.search(move(lambda asked, read: b'{"op": "ack"}\n')) is None
         assert tail.search(move(lambda asked, read: b'{"op": "ack", "asked_ns": 1, "read_ns": 1, "ack_ns": 1}\n')) is None
+        # an ask said to have begun after the daemon accepted it: no tail at all
+        from pipexctl.offload.server import _as_pppd_saw
+
+        seen = {"asked": 10, "waited": 5, "woke": 1, "checked": 1, "ack_read": 1}
+        assert _as_pppd_saw(seen, {"accepted": 9}) == ""
+        assert tail.search(_as_pppd_saw(seen, {"accepted": 11})) and not before.search(_as_pppd_saw(seen, {}))
     finally:
         srv.stop.set()
         t.join(10)

@@ -769,10 +769,9 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
     """
     from .offload import journal, malloc, sdnotify
     from .offload.datapath import KernelDataPath
-    from .offload.server import SWITCH_INTERVAL, OffloadServer
+    from .offload.server import OffloadServer
 
     malloc.limit_arenas()  # before any thread: a request thread each, arenas kept after they end
-    sys.setswitchinterval(SWITCH_INTERVAL)
     if journal.under_journald():
         # records with fields (TUNNEL_ID, CALL_ID, PEER): `journalctl -u pipexctl TUNNEL_ID=17`
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,

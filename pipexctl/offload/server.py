@@ -81,10 +81,6 @@ def _running(pidfd: Optional[int]) -> bool:
 
 LINK_TIMEOUT = 2.0  # seconds a write to a plugin's control link may block
 LINK_ANSWER_WAIT = 15.0  # seconds the plugins have to answer an operator's move (they tick every second)
-# serve's switch interval (Python's default 5 ms): a thread woken by I/O (an
-# accept, a request, an ack) waits at most this long for the interpreter's
-# lock while the watcher or the asker computes (boot w: docs/offload.md)
-SWITCH_INTERVAL = 0.001
 
 REFUSALS = {
     "requester_gone": "pid {pid} exited before its request was answered",

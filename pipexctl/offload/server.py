@@ -91,7 +91,7 @@ REFUSALS = {
 
 def _as_pppd_saw(ns: dict[str, int], clock: dict[str, int]) -> str:
     """The offload's log line's tail: the request as its pppd timed it (from
-    its connect() to its reading of the reply), the hand-off split between
+    the start of its ask to its reading of the reply), the hand-off split between
     pppd's scheduling and ours, and what came before our own clock began
     (``clock``: when we accepted the request, its thread began, it was read,
     the requester proven); empty for a plugin that sent no stamps."""

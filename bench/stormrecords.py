@@ -109,6 +109,16 @@ def serve_log(path: Path) -> tuple[list[Offload], list[tuple[float, float]]]:
     return offloads, polls
 
 
+def slowest(rows: list) -> list:
+    """The last 5 % (at least one) of ``rows``, sorted by the caller."""
+    return rows[-max(1, len(rows) // 20):]
+
+
+def means(rows: list[tuple[int, ...]], names: tuple[str, ...]) -> dict[str, int]:
+    """Each named part's mean over ``rows``, rounded to the ms."""
+    return {name: round(statistics.mean(r[i] for r in rows)) for i, name in enumerate(names)}
+
+
 def pcts(values: list[int]) -> list[int]:
     """p50, p90 and p99."""
     if len(values) < 2:
@@ -161,7 +171,7 @@ def table(d: Path) -> dict:
         pool = [r for r in rs if (r.code, r.k) == (code, k)]
         offs = [o for r in pool for o in r.offloads]
         req, line = [p[0] for _, p, _ in offs], [p[2] for _, p, _ in offs]
-        slowest = sorted(p for _, p, _ in offs)[-max(1, len(offs) // 20):]
+        slow = slowest(sorted(p for _, p, _ in offs))
         stamped = sorted((p, q) for _, p, q in offs if q is not None)
         waited = during = others = others_during = 0
         for r in pool:
@@ -171,33 +181,27 @@ def table(d: Path) -> dict:
                     waited, during = waited + 1, during + in_poll
                 else:
                     others, others_during = others + 1, others_during + in_poll
-        out["codes"][f"{code} K={k}"] = {
+        c = out["codes"][f"{code} K={k}"] = {
             "requests": len(offs),
             "request_p50_p90_p99_ms": pcts(req),
             "line_wait_p50_p90_p99_ms": pcts(line),
             "line_waits_over_20_ms": sum(x > 20 for x in line),
-            "slowest_5_percent_mean_ms": {name: round(statistics.mean(p[i] for p in slowest))
-                                          for i, name in enumerate(PARTS)},
+            "slowest_5_percent_mean_ms": means(slow, PARTS),
             "line_waits_over_100_ms": waited, "of_them_during_a_full_poll": during,
             "other_requests": others, "others_during_a_full_poll": others_during}
         if stamped:
             # the daemon's own share: the request less what pppd's scheduling took of its hand-off
-            tail = stamped[-max(1, len(stamped) // 20):]
-            out["codes"][f"{code} K={k}"].update({
+            tail = slowest(stamped)
+            c.update({
                 "stamped_requests": len(stamped),
                 "as_pppd_saw_p50_p90_p99_ms": pcts([q[0] for _, q in stamped]),
                 "less_pppds_wake_and_checks_p50_p90_p99_ms": pcts([p[0] - q[1] - q[2] for p, q in stamped]),
-                "slowest_5_percent_of_stamped_mean_ms": {
-                    **{name: round(statistics.mean(p[i] for p, _ in tail)) for i, name in enumerate(PARTS)},
-                    **{name: round(statistics.mean(q[i] for _, q in tail)) for i, name in enumerate(PPPD_PARTS)}}})
+                "slowest_5_percent_of_stamped_mean_ms": {**means([p for p, _ in tail], PARTS),
+                                                         **means([q for _, q in tail], PPPD_PARTS)}})
             timed = sorted(q for _, q in stamped if len(q) > len(PPPD_PARTS))  # the steps before our clock logged
             if timed:
-                names = PPPD_PARTS + BEFORE_PARTS
-                out["codes"][f"{code} K={k}"].update({
-                    "before_our_clock_p50_p90_p99_ms": pcts([q[len(PPPD_PARTS)] for q in timed]),
-                    "slowest_5_percent_as_pppd_saw_mean_ms": {
-                        name: round(statistics.mean(q[i] for q in timed[-max(1, len(timed) // 20):]))
-                        for i, name in enumerate(names)}})
+                c.update({"before_our_clock_p50_p90_p99_ms": pcts([q[len(PPPD_PARTS)] for q in timed]),
+                          "slowest_5_percent_as_pppd_saw_mean_ms": means(slowest(timed), PPPD_PARTS + BEFORE_PARTS)})
     return out
 
 

@@ -466,9 +466,8 @@ class OffloadServer:
         return ack
 
     def _channel(self, conn: socket.socket, pid: int, pty: Optional[int], acks: bool, move: bool = False,
-                 unit: Optional[int] = None, clock: Optional[dict[str, int]] = None) -> None:
+                 unit: Optional[int] = None, *, clock: dict[str, int]) -> None:
         held = False
-        clock = {} if clock is None else clock
         clock["read"] = time.monotonic_ns()
         try:
             held = self._channel_inner(conn, pid, pty, acks, move, unit, clock)

@@ -202,12 +202,6 @@ def unit_nice() -> int:
     return next((int(ln.split("=", 1)[1]) for ln in unit.read_text().splitlines() if ln.startswith("Nice=")), 0)
 
 
-def nice_of(pid: int) -> int:
-    """A process's nice value (field 19 of /proc/PID/stat)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2:].split()[16])
-
-
 METRICS_PORT = 9479
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -254,11 +248,11 @@ def scrape_loop(ns: str, stop: threading.Event, done: list) -> None:
 
 
 def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str = "", pppd_extra: str = "",
-          max_retries: int = 0, serve_nice: int = 0, profile: str = "", syslog: str = "", lac_nice: int = 0) -> dict:
+          max_retries: int = 0, serve_nice: int = 0, profile: str = "", syslog: str = "") -> dict:
     # both ends alike, in both modes (the module's docstring says why)
     retries = f"max retries = {max_retries}\n" if max_retries else ""
     lab = Lab(kernel_mode=not offload, lac_kernel_mode=True, lac_extra_pppd="", lns_global=retries,
-              lac_global=retries, serve_nice=serve_nice, lac_nice=lac_nice, lns_args=("-l",) if syslog else (),
+              lac_global=retries, serve_nice=serve_nice, lns_args=("-l",) if syslog else (),
               lns_log_source="journal-id:xl2tpd" if syslog == "journal" else "")
     stop, scrapes = threading.Event(), [0, 0]
     logger = contextlib.ExitStack()
@@ -309,9 +303,6 @@ def storm(k: int, offload: bool, timeout: float, scrape: bool = False, tag: str 
         stop.set()
         machine1, by_command1 = cpu_jiffies(), cpu_by_command()
         out = {"k": k, "max_retries": max_retries or None, "serve_nice": serve_nice or None,
-               # the LACs' xl2tpd as asked and as /proc has it (field 19 of stat: its nice value)
-               "lac_nice": lac_nice or None, "lac_nice_seen": sorted({nice_of(lac.proc.pid) for lac in lab.lacs
-                                                                       if lac.proc is not None}),
                "dial_seconds": round(dialled, 2), "all_up_seconds": up,
                "up_at": up_at if events.overrun else list(events.up_at),
                "up_counted_by": "ip addr dumps (rtnetlink events lost)" if events.overrun else "rtnetlink events",
@@ -379,9 +370,6 @@ def main() -> int:
     p.add_argument("--profile-cpu", action="store_true",
                    help="sample the daemon's CPU by Python stack (bench/cpusampler; it costs the daemon CPU of its "
                         "own, so a profiled round's times are not the bench's): cpu-K-CASE.txt beside --out")
-    p.add_argument("--lac-nice", type=int, default=0,
-                   help="every LAC's xl2tpd and its pppds under nice(1) at this value, in every round (0: not): "
-                        "in the world the LACs are other machines, and in the guest they share its CPUs with the LNS")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "loginstorm.json"))
     a = p.parse_args()
     # a global sysctl, read by every namespace's new sockets: put back when the
@@ -407,7 +395,7 @@ def run(a: argparse.Namespace) -> int:
                       pppd_extra="pipexctl_move 0\n" if case == "n" else "", max_retries=a.max_retries,
                       serve_nice=0 if case in "cu" else nice,
                       profile=str(Path(a.out).parent / f"cpu-{k}-{case}{n}.txt") if a.profile_cpu and case != "c" else "",
-                      syslog=a.syslog, lac_nice=a.lac_nice)
+                      syslog=a.syslog)
             r["rmem_default"] = int(Path("/proc/sys/net/core/rmem_default").read_text())
             r["lns_log"] = a.syslog or "xl2tpd -D"
             r["case"] = {"c": "c-xl2tpd-kernel", "d": "d-pipexctl", "s": "s-pipexctl-scraped",

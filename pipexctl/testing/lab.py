@@ -89,9 +89,6 @@ class Lab:
     lns_global: str = ""  # extra [global] lines of the LNS's xl2tpd.conf
     lac_global: str = ""  # extra [global] lines of every LAC's xl2tpd.conf
     serve_nice: int = 0  # `pipexctl serve` under nice(1) when not 0 (nice execs: the daemon keeps the pid)
-    # every LAC's xl2tpd (and so its pppds) under nice(1) when not 0: in the world the LACs are other
-    # machines, and here they share the guest's CPUs with the LNS
-    lac_nice: int = 0
     lns_env: dict[str, str] = field(default_factory=dict)  # extra environment of the LNS's xl2tpd
     # extra arguments of the LNS's xl2tpd: ("-l",) logs through syslog (a syslogd must write its log file)
     lns_args: tuple[str, ...] = ()
@@ -251,9 +248,8 @@ pppoptfile = {lac.dir}/options
     def start(self, inst: Instance) -> None:
         offset = inst.log.stat().st_size if inst.log.exists() else 0
         inst.log_file = open(inst.log, "ab")
-        nice = ("nice", "-n", str(self.lac_nice)) if self.lac_nice and inst is not self.lns else ()
         inst.proc = subprocess.Popen(
-            ["ip", "netns", "exec", inst.ns, *nice, "xl2tpd", "-D", "-c", str(inst.dir / "xl2tpd.conf"),
+            ["ip", "netns", "exec", inst.ns, "xl2tpd", "-D", "-c", str(inst.dir / "xl2tpd.conf"),
              "-p", inst.pidfile, "-C", inst.control, *(self.lns_args if inst is self.lns else ())],
             stdout=inst.log_file, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **(self.lns_env if inst is self.lns else {})},

@@ -32,10 +32,8 @@ def relay_recorded(svc: OffloadService) -> list[socket.socket]:
     packets that waited in them while no daemon ran reach xl2tpd before its
     retransmissions run out (about 31 s).  Nothing else is decided here; the
     state file is read again, and judged, by ``reconcile``."""
-    try:
-        with open(svc.state_path, "rb") as f:
-            state = statefile.State.model_validate_json(f.read(16 * 1024 * 1024))
-    except (OSError, ValueError):
+    state = statefile.read(svc.state_path)
+    if state is None:
         return []
     socks = []
     for t in state.tunnels:
@@ -122,5 +120,6 @@ def reconcile(svc: OffloadService) -> dict[str, Any]:
     svc.last_reconcile = {**p.summary(), "warning": warning, "at": time.time()}
     svc.reconciles += 1
     svc.datapath.settle()  # the twins' steering: exactly what is held now
+    svc.state.rewrite()  # the file now says what is held, whatever it said (or someone wrote) before
     svc.save()
     return svc.last_reconcile

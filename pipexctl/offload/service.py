@@ -103,8 +103,8 @@ def _sched() -> tuple[float, float]:
 
 
 class Records(Indexed[int, SessionRecord]):
-    """A tunnel's offloaded sessions by call id; every change marks the
-    tunnel for the state file's next encoding (its table, once in one)."""
+    """A tunnel's offloaded sessions by call id; every change becomes a line
+    of the state file's journal (its table's, once in one)."""
 
     __slots__ = ("_table", "_key")  # one per tunnel held: no __dict__
 
@@ -117,10 +117,11 @@ class Records(Indexed[int, SessionRecord]):
 
     def _added(self, call_id: int, rec: SessionRecord) -> None:
         if self._table is not None and self._key is not None:
-            self._table.changed(self._key, self)
+            self._table.changed(self._key, self, statefile.session_line(*self._key, rec), 1)
 
     def _removed(self, call_id: int, rec: SessionRecord) -> None:
-        self._added(call_id, rec)
+        if self._table is not None and self._key is not None:
+            self._table.changed(self._key, self, statefile.end_line(*self._key, call_id), -1)
 
 
 @dataclass(slots=True)
@@ -138,8 +139,8 @@ class TunnelState:
     down: Optional[str] = None  # discovery said it ended while pppds still ran: why
     _made: bool = field(default=False, init=False, repr=False, compare=False)
 
-    # what the state file says of the tunnel itself: re-encoded only when
-    # its sessions change, so fixed once made
+    # what the state file says of the tunnel itself: written in its first
+    # line only, so fixed once made
     FILE_FIELDS = frozenset({"instance", "tunnel_id", "peer_tunnel_id", "local", "peer", "peer_port", "local_port",
                              "xl2tpd_pid", "records"})
 
@@ -150,7 +151,7 @@ class TunnelState:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in TunnelState.FILE_FIELDS and getattr(self, "_made", False):
-            raise AttributeError(f"TunnelState.{name} is fixed once the tunnel is made (the state file encodes it)")
+            raise AttributeError(f"TunnelState.{name} is fixed once the tunnel is made (the state file has it)")
         object.__setattr__(self, name, value)
 
     def record(self) -> TunnelRecord:
@@ -158,11 +159,6 @@ class TunnelState:
                             local=self.local, peer=self.peer, peer_port=self.peer_port,
                             local_port=self.local_port, sessions=list(self.records.values()),
                             xl2tpd_pid=self.xl2tpd_pid)
-
-    def encoded(self) -> bytes:
-        """The tunnel as the state file has it (its sessions as each was
-        encoded when recorded)."""
-        return statefile.encode_tunnel(self, self.records.values())
 
 
 TunnelKey = tuple[str, int]  # (xl2tpd instance, tunnel id)
@@ -173,15 +169,16 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
     """The offloaded tunnels by (instance, tunnel id).  What costs as many
     steps as there are tunnels is kept up to date as they change, so an
     offload costs the same with 10 or 10,000 calls held: the state file's
-    encoded tunnels (re-encoded only when changed) and the count of
-    tunnels per address pair (the twin test)."""
+    journal lines of the changes not yet snapshotted, the count of tunnels
+    and sessions it describes, and the count of tunnels per address pair
+    (the twin test)."""
 
-    __slots__ = ("_encoded", "_dirty", "_on")
+    __slots__ = ("_lines", "_described", "_on")
 
     def __init__(self) -> None:
         super().__init__()
-        self._encoded: dict[TunnelKey, bytes] = {}
-        self._dirty: set[TunnelKey] = set()
+        self._lines: list[bytes] = []
+        self._described = 0
         self._on: collections.Counter[Addresses] = collections.Counter()
 
     @staticmethod
@@ -191,7 +188,10 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
     def _added(self, key: TunnelKey, ts: TunnelState) -> None:
         self._on[self._addresses(ts)] += 1
         ts.records._table, ts.records._key = self, key
-        self._dirty.add(key)
+        # an adopted tunnel comes with its sessions
+        self._lines.append(statefile.tunnel_line(ts))
+        self._lines.extend(statefile.session_line(*key, r) for r in ts.records.values())
+        self._described += 1 + len(ts.records)
 
     def _removed(self, key: TunnelKey, ts: TunnelState) -> None:
         ts.records._table = ts.records._key = None
@@ -199,28 +199,32 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
         self._on[a] -= 1
         if not self._on[a]:
             del self._on[a]
-        self._dirty.add(key)
+        self._lines.append(statefile.drop_line(*key))
+        self._described -= 1 + len(ts.records)
 
-    def changed(self, key: TunnelKey, records: Records) -> None:
-        """The sessions of the tunnel at ``key`` changed (``records``: its own)."""
+    def changed(self, key: TunnelKey, records: Records, line: bytes, sessions: int) -> None:
+        """A session of the tunnel at ``key`` was recorded (``sessions`` 1)
+        or ended (-1); ``records``: that tunnel's own, ``line``: the change."""
         ts = self.get(key)
         if ts is not None and ts.records is records:
-            self._dirty.add(key)
+            self._lines.append(line)
+            self._described += sessions
 
     def on_addresses(self, addresses: Addresses) -> int:
         """How many tunnels have these addresses and ports."""
         return self._on.get(addresses, 0)
 
-    def encoded(self) -> list[bytes]:
-        """Every tunnel as the state file has it; only the changed ones are encoded again."""
-        for key in self._dirty:
-            ts = self.get(key)
-            if ts is None:
-                self._encoded.pop(key, None)
-            else:
-                self._encoded[key] = ts.encoded()
-        self._dirty.clear()
-        return list(self._encoded.values())
+    def journal(self) -> tuple[list[bytes], int]:
+        """The journal lines of the changes since the last call, and how
+        many tunnels and sessions the table holds."""
+        lines, self._lines = self._lines, []
+        return lines, self._described
+
+    def whole(self) -> statefile.Whole:
+        """Every tunnel with its sessions as they are now (the tunnels'
+        file fields are fixed and the records frozen: the state file
+        encodes them later, without the lock)."""
+        return [(ts, tuple(ts.records.values())) for ts in self.values()]
 
 
 class OffloadService(Endings):
@@ -558,8 +562,11 @@ class OffloadService(Endings):
                         e.strerror, self.state.failures)
 
     def snapshot(self) -> int:
-        """The state as it is now, to be written (the caller holds the lock)."""
-        return self.state.snapshot(self.tunnels.encoded())
+        """The changes made since the last snapshot, or now and then the
+        whole state, to be written (the caller holds the lock)."""
+        lines, described = self.tunnels.journal()
+        whole = self.tunnels.whole() if self.state.wants_whole(described) else None
+        return self.state.snapshot(lines, whole)
 
     def shutdown(self) -> None:
         with self.lock:
@@ -581,6 +588,7 @@ class OffloadService(Endings):
             if self.metrics_backend is not None and self.metrics_backend is not self.backend:
                 self.metrics_backend.close()
             self.metrics_backend = None
+        self.state.close()
         self.datapath.close()
         self.exits.close()
 

@@ -3,11 +3,18 @@
 The file (default ``/run/pipexctl/state.json``, mode 0600) lists each kernel
 tunnel the daemon made (xl2tpd instance, ids, both addresses and ports) and
 each offloaded session in it (call ids, the owning pppd's PID).
-It is written after every change with temp file + fsync + rename, so a
-crash leaves either the old or the new file, never a torn one.  Offloads
-running at once share writes (:class:`Writer`): each waits, outside the
-daemon's lock, for a write that holds its record, and one write holds every
-record made before it began.
+
+It is a journal of JSON lines: a header, then one line per change (a tunnel
+made, a session recorded, a session ended, a tunnel dropped), appended and
+fdatasync'ed, so a change costs one short line whatever the number of calls
+held.  Offloads running at once share writes (:class:`Writer`): each waits,
+outside the daemon's lock, for a write that holds its line, and one write
+holds every line recorded before it began.  When the journal has grown to
+twice what it describes, and at each start and SIGHUP, the file is
+rewritten whole (temp file + fsync + rename) from the daemon's records.  A
+crash leaves either a whole rewrite or a journal whose last line may be
+torn; a torn last line is one whose write never returned, so no pppd was
+told of what it says, and it is ignored.
 
 At start the daemon calls :func:`plan` with what the file says, what the
 kernel holds and what discovery knows, and gets three lists:
@@ -20,21 +27,25 @@ kernel holds and what discovery knows, and gets three lists:
 - *forget*: records with nothing left in the kernel, or whose ids the
   kernel now uses for something that is not ours (never touched).
 
-A file that cannot be read or does not validate is moved aside
-(``state.json.corrupt-<time>``) with a warning and treated as empty; it is
-never trusted and never a crash.  A version 1 file (written by the earlier
-data path: private ports and nft steering) is moved aside the same way, with
-what it means for the calls it names.
+A file that cannot be read or does not validate (a line that is not JSON,
+not a record, or a change to something the file has not made) is moved
+aside (``state.json.corrupt-<time>``) with a warning and treated as empty;
+it is never trusted and never a crash.  A version 2 file (one JSON document,
+written whole per change) is read as it is; a version 1 file (written by
+the earlier data path: private ports and nft steering) is moved aside the
+same way, with what it means for the calls it names.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Final, Iterable, Literal, Optional, Protocol
+from typing import Callable, Final, Iterable, Literal, Optional, Protocol, Sequence
 
 from pydantic import BaseModel, Field, ValidationError
 from pydantic.dataclasses import dataclass as pdataclass
@@ -42,13 +53,13 @@ from pydantic.dataclasses import dataclass as pdataclass
 from .. import files
 from ..model import Session, Tunnel
 
-VERSION: Final = 2
+VERSION: Final = 3
+MAX_BYTES: Final = 64 * 1024 * 1024  # a larger file is not read (10,000 calls: about 3 MB whole)
 
 
 # Records are slotted, validated, frozen dataclasses (one per offloaded
-# call is held in memory; see discovery.state.CallInfo); a session record
-# carries its own encoding, made once when it is made (a dict beside it
-# would cost more than the record); the file's envelope is a BaseModel.
+# call is held in memory; see discovery.state.CallInfo); the file's
+# envelope is a BaseModel.
 
 
 @pdataclass(slots=True, kw_only=True, frozen=True)
@@ -60,11 +71,6 @@ class SessionRecord:
     pty: Optional[str] = Field(None, pattern=r"^/dev/pts/[0-9]{1,7}$")  # the slave end the daemon holds
     moved: bool = False  # a running call moved from its pty (the plugin's live move), not offloaded at its start
     since: Optional[float] = None  # when its data path became the kernel (epoch seconds; None: an older record)
-    # not a field of the file: the record as the file has it
-    encoded: bytes = Field(default=b"", init=False, exclude=True, repr=False)  # made in __post_init__
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "encoded", _json({f: getattr(self, f) for f in _SESSION_FIELDS}))
 
 
 @pdataclass(slots=True, kw_only=True, frozen=True)
@@ -81,10 +87,24 @@ class TunnelRecord:
 
 
 class State(BaseModel):
-    version: Literal[2] = VERSION
+    version: Literal[2, 3] = VERSION
     written: float = 0.0
     pid: int = 0
     tunnels: list[TunnelRecord] = Field(default_factory=list)
+
+
+class _Invalid(Exception):
+    """Why a file is not a state file (its first line of explanation)."""
+
+
+def read(path: str) -> Optional[State]:
+    """The recorded state, or None when the file is missing, unreadable or
+    not valid; the file is left as it is (``load`` judges it)."""
+    try:
+        with open(path, "rb") as f:
+            return _parse(f.read(MAX_BYTES + 1))
+    except (OSError, _Invalid):
+        return None
 
 
 def load(path: str) -> tuple[State, Optional[str]]:
@@ -93,24 +113,15 @@ def load(path: str) -> tuple[State, Optional[str]]:
     Missing file: empty state.  Unreadable or invalid: moved aside, empty."""
     try:
         with open(path, "rb") as f:
-            raw = f.read(16 * 1024 * 1024 + 1)
+            raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
         return State(), None
     except OSError as e:
         return State(), f"cannot read state file {path}: {e.strerror}; starting from nothing recorded"
-    why = None
-    if len(raw) > 16 * 1024 * 1024:
-        why = "larger than 16 MiB"
-    else:
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-            if isinstance(doc, dict) and doc.get("version") == 1:
-                why = ("written by pipexctl's earlier data path (private ports, nft table ip pipexctl); this "
-                       "daemon replaces that table, so the calls it names carry no more data: hang them up")
-            else:
-                return State.model_validate(doc), None
-        except (ValueError, UnicodeDecodeError, ValidationError) as e:
-            why = str(e).splitlines()[0][:200]
+    try:
+        return _parse(raw), None
+    except _Invalid as e:
+        why = str(e)
     aside = f"{path}.corrupt-{int(time.time())}"
     try:
         os.replace(path, aside)
@@ -120,22 +131,73 @@ def load(path: str) -> tuple[State, Optional[str]]:
     return State(), f"state file {path} is not valid ({why}); {where}; starting from nothing recorded"
 
 
-# The file is written from pieces encoded once each (a session when it is
-# recorded, a tunnel when its sessions change), so a write costs a join of
-# bytes, not a validation and serialisation of every record: with 10,000
-# calls the daemon rewrites the file on every change.  ``load`` validates
-# what these produce with the models above (a unit test compares the two).
+def _parse(raw: bytes) -> State:
+    if len(raw) > MAX_BYTES:
+        raise _Invalid(f"larger than {MAX_BYTES // (1024 * 1024)} MiB")
+    head, nl, rest = raw.partition(b"\n")
+    try:
+        doc = json.loads(head.decode("utf-8"))
+        if not nl:  # one document: a version 1 or 2 file (or a journal's torn header)
+            if isinstance(doc, dict) and doc.get("version") == 1:
+                raise _Invalid("written by pipexctl's earlier data path (private ports, nft table ip pipexctl); "
+                               "this daemon replaces that table, so the calls it names carry no more data: "
+                               "hang them up")
+            if isinstance(doc, dict) and doc.get("version") == 3:
+                raise ValueError("a journal's header without its end of line")
+            return State.model_validate(doc)
+        if not isinstance(doc, dict) or set(doc) != {"version", "written", "pid"} or doc["version"] != VERSION:
+            raise ValueError(f"line 1 is not a version {VERSION} header")
+        state = State.model_validate(doc)
+        lines = rest.split(b"\n")
+        # the last piece is empty after a whole line, and a torn line after a
+        # crash in the middle of an append (its write never returned: ignored)
+        state.tunnels = _replay(lines[:-1])
+        return state
+    except (ValueError, UnicodeDecodeError, ValidationError, TypeError) as e:
+        raise _Invalid(str(e).splitlines()[0][:200]) from None
+
+
+def _replay(lines: Sequence[bytes]) -> list[TunnelRecord]:
+    """The tunnels the journal's lines leave, each with its sessions."""
+    tunnels: dict[tuple[str, int], tuple[TunnelRecord, dict[int, SessionRecord]]] = {}
+    for n, line in enumerate(lines, start=2):
+        doc = json.loads(line)
+        if not isinstance(doc, dict) or len(doc) != 1 or not isinstance(next(iter(doc.values())), dict):
+            raise ValueError(f"line {n}: not a change")
+        ((kind, fields),) = doc.items()
+        instance, tunnel_id = fields.pop("instance", None), fields.pop("tunnel_id", None)
+        if not isinstance(instance, str) or type(tunnel_id) is not int:
+            raise ValueError(f"line {n}: no instance and tunnel id")
+        key = (instance, tunnel_id)
+        held = tunnels.get(key)
+        if kind == "tunnel" and held is None:
+            tunnels[key] = (TunnelRecord(instance=instance, tunnel_id=tunnel_id, **fields), {})
+        elif kind == "session" and held is not None and fields.get("call_id") not in held[1]:
+            s = SessionRecord(**fields)
+            held[1][s.call_id] = s
+        elif kind == "end" and held is not None and set(fields) == {"call_id"} and fields["call_id"] in held[1]:
+            del held[1][fields["call_id"]]
+        elif kind == "drop" and held is not None and not fields:
+            del tunnels[key]
+        else:
+            raise ValueError(f"line {n}: {kind!r} of tunnel {tunnel_id} does not follow from the lines before it")
+    return [replace(t, sessions=list(sessions.values())) for t, sessions in tunnels.values()]
+
+
+# The lines are encoded by hand (no model is built or validated per change);
+# ``load`` validates what they say with the models above (a unit test
+# compares the two).
 _TUNNEL_FIELDS = ("instance", "tunnel_id", "peer_tunnel_id", "local", "peer", "peer_port", "local_port",
                   "xl2tpd_pid")
 _SESSION_FIELDS = ("call_id", "peer_call_id", "pppd_pid", "role", "pty", "moved", "since")
 
 
-def _json(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+def _line(kind: str, fields: dict[str, object]) -> bytes:
+    return json.dumps({kind: fields}, separators=(",", ":")).encode() + b"\n"
 
 
 class TunnelFields(Protocol):
-    """What a tunnel's encoding reads (a TunnelRecord, or the service's TunnelState)."""
+    """What a tunnel's line reads (a TunnelRecord, or the service's TunnelState)."""
 
     @property
     def instance(self) -> str: ...
@@ -155,61 +217,107 @@ class TunnelFields(Protocol):
     def xl2tpd_pid(self) -> Optional[int]: ...
 
 
-def encode_tunnel(t: TunnelFields, sessions: Iterable[SessionRecord]) -> bytes:
-    """Tunnel ``t`` with ``sessions`` as the file has it: its fields
-    encoded, its sessions' encodings joined."""
-    head = _json({f: getattr(t, f) for f in _TUNNEL_FIELDS})[:-1]
-    return b"".join((head, b',"sessions":[', b",".join(s.encoded for s in sessions), b"]}"))
+def tunnel_line(t: TunnelFields) -> bytes:
+    """Tunnel ``t`` made (without sessions)."""
+    return _line("tunnel", {f: getattr(t, f) for f in _TUNNEL_FIELDS})
+
+
+def session_line(instance: str, tunnel_id: int, s: SessionRecord) -> bytes:
+    """Session ``s`` recorded in the tunnel ``(instance, tunnel_id)``."""
+    return _line("session", {"instance": instance, "tunnel_id": tunnel_id,
+                             **{f: getattr(s, f) for f in _SESSION_FIELDS}})
+
+
+def end_line(instance: str, tunnel_id: int, call_id: int) -> bytes:
+    return _line("end", {"instance": instance, "tunnel_id": tunnel_id, "call_id": call_id})
+
+
+def drop_line(instance: str, tunnel_id: int) -> bytes:
+    return _line("drop", {"instance": instance, "tunnel_id": tunnel_id})
+
+
+# A whole state: each tunnel with the sessions it holds.
+Whole = list[tuple[TunnelFields, Sequence[SessionRecord]]]
+
+
+def encode(whole: Whole) -> bytes:
+    """The file of ``whole``: a header and each tunnel's and session's line."""
+    out = [json.dumps({"version": VERSION, "written": time.time(), "pid": os.getpid()},
+                      separators=(",", ":")).encode() + b"\n"]
+    for t, sessions in whole:
+        out.append(tunnel_line(t))
+        out.extend(session_line(t.instance, t.tunnel_id, s) for s in sessions)
+    return b"".join(out)
 
 
 def save(path: str, state: State) -> None:
-    """Atomic replace (files.atomic_write)."""
-    save_encoded(path, [encode_tunnel(t, t.sessions) for t in state.tunnels])
+    """The file of ``state``, by atomic replace (files.atomic_write)."""
+    _mkdir(path)
+    files.atomic_write(path, encode([(t, t.sessions) for t in state.tunnels]))
 
 
-def save_encoded(path: str, tunnels: list[bytes]) -> None:
-    """The file of these encoded tunnels (``encode_tunnel``), by atomic
-    replace (files.atomic_write)."""
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, mode=0o700, exist_ok=True)  # made here only when missing; never chmodded
-    head = _json({"version": VERSION, "written": time.time(), "pid": os.getpid()})[:-1]
-    files.atomic_write(path, b"".join((head, b',"tunnels":[', b",".join(tunnels), b"]}")))
+def _mkdir(path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)  # made only when missing; never chmodded
 
 
 class Writer:
-    """Group commit of the state file.
+    """Group commit of the state file's journal.
 
-    ``snapshot`` (under the daemon's lock, where the state is consistent)
-    keeps the newest state, as its encoded tunnels, and returns its number;
-    ``flush(n)`` (without that lock) returns once a state numbered ``n`` or
-    later is on disk, writing the newest one itself if nobody has.  Writes
-    never overlap and never put an older state over a newer one.
+    ``snapshot(lines, whole)`` (under the daemon's lock, where the state is
+    consistent) queues the lines of the changes made since the last one, or
+    the whole state when ``wants_whole`` said so, and returns its number;
+    ``flush(n)`` (without that lock) returns once the changes numbered ``n``
+    or earlier are on disk, writing what is queued itself if nobody has.
+    Writes never overlap and keep the order of the snapshots.
     ``flush_later`` is the background writer's: it never waits for a write
     under way, and backs off while writes fail."""
 
     RETRY_MAX = 30.0  # seconds between the background writer's tries on a failing disk
+    SLACK = 1024  # lines the journal may hold beyond twice what it describes before a rewrite
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()  # one write at a time; never held while taking the daemon's lock
-        self._newest: tuple[int, Optional[list[bytes]]] = (0, None)
+        self._queue = threading.Lock()  # what is queued; held only to add or take it
+        self._lines: list[bytes] = []
+        self._whole: Optional[Whole] = None
+        self._newest = 0
         self._written = 0
+        self._fd = -1  # the journal, open for appending since this daemon last wrote it whole
+        self._in_file = 0  # lines in the journal and queued for it
+        self._rewrite = True  # a daemon's first write is a whole one: its records, not the file's, are the truth
         self.writes = 0
         self.failures = 0  # failed writes in a row (0: the last one worked)
         self.retry_at = 0.0  # monotonic time of the background writer's next try
 
-    def snapshot(self, tunnels: list[bytes]) -> int:
-        n = self._newest[0] + 1
-        self._newest = (n, tunnels)  # one assignment: a flush reads either the old pair or the new
-        return n
+    def wants_whole(self, described: int) -> bool:
+        """The next snapshot should be the whole state (``described``: the
+        tunnels and sessions held)."""
+        return self._rewrite or self._in_file > 2 * described + self.SLACK
+
+    def rewrite(self) -> None:
+        """Write the file whole at the next snapshot (after a reconcile: what
+        the file said has been judged, and someone may have edited it)."""
+        self._rewrite = True
+
+    def snapshot(self, lines: list[bytes], whole: Optional[Whole] = None) -> int:
+        with self._queue:
+            if whole is not None:  # it holds every change before it
+                self._whole, self._lines, self._rewrite = whole, [], False
+                self._in_file = sum(1 + len(s) for _, s in whole)
+            else:
+                self._lines.extend(lines)
+                self._in_file += len(lines)
+            self._newest += 1
+            return self._newest
 
     def newest(self) -> int:
         """The number of the newest snapshot (0: none yet)."""
-        return self._newest[0]
+        return self._newest
 
     def behind(self) -> bool:
         """A snapshot is newer than what is on disk."""
-        return self._written < self._newest[0]
+        return self._written < self._newest
 
     def flush(self, n: int) -> None:
         if self._written >= n:
@@ -218,24 +326,34 @@ class Writer:
             self._flush_locked(n)
 
     def flush_later(self) -> bool:
-        """Write the newest snapshot unless one is being written or the disk
+        """Write what is queued unless a write is under way or the disk
         failed a moment ago (then the next call tries).  True when it wrote."""
         if not self.behind() or time.monotonic() < self.retry_at or not self._lock.acquire(blocking=False):
             return False
         try:
-            return self._flush_locked(self._newest[0])
+            return self._flush_locked(self._newest)
         finally:
             self._lock.release()
 
     def _flush_locked(self, n: int) -> bool:
         if self._written >= n:
             return False  # a later state was written meanwhile
-        newest, state = self._newest
-        if state is None:
-            return False  # nothing was ever snapshotted
+        with self._queue:
+            newest, whole, lines = self._newest, self._whole, self._lines
+            self._whole, self._lines = None, []
+        if whole is None and not lines:
+            self._written = newest  # snapshots of no change
+            return False
         try:
-            save_encoded(self.path, state)
+            if whole is not None:
+                self._write_whole(encode(whole) + b"".join(lines))
+            else:
+                self._append(b"".join(lines))
         except OSError:
+            with self._queue:
+                if self._whole is None:  # no whole state was queued meanwhile (it would hold these): keep them
+                    self._whole = whole
+                    self._lines[:0] = lines
             # every caller it covered tries again itself; the background writer after a pause
             self.failures += 1
             self.retry_at = time.monotonic() + min(self.RETRY_MAX, 0.5 * 2 ** min(self.failures - 1, 10))
@@ -244,6 +362,37 @@ class Writer:
         self.writes += 1
         self.failures, self.retry_at = 0, 0.0
         return True
+
+    def _write_whole(self, data: bytes) -> None:
+        _mkdir(self.path)
+        fd = files.atomic_write(self.path, data, keep_open=True)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        self.close()
+        self._fd = fd
+
+    def _append(self, data: bytes) -> None:
+        if self._fd < 0:
+            # the last append failed and its torn tail could not be cut off:
+            # only a whole write, at the next snapshot, makes the file valid again
+            raise OSError(errno.EIO, "the state file waits to be written whole after a failed write")
+        good = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fdatasync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, good)  # no torn line before the next one
+            except OSError:
+                self.close()
+                self._rewrite = True
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 @dataclass

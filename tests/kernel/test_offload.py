@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
+from pipexctl.offload import statefile
 from pipexctl.offload.client import ask
 from pipexctl.testing.lab import Lab, iperf_received, plugin_path, pty_fds
 from pipexctl.testing.probe import ip_json, ppp_peer_addrs
@@ -286,8 +287,8 @@ def test_restarted_daemon_adopts_running_sessions(lab):
     assert kernel_objects(lab.lns.ns) == (1, 1, 0)
     ok, out = ping(l1.ns, "10.99.100.1")
     assert ok, out
-    state = json.loads(Path(lab.serve_socket(lab.lns)).with_name("state.json").read_text())
-    assert [s["pppd_pid"] for t in state["tunnels"] for s in t["sessions"]] == [pid]
+    state = statefile.read(str(Path(lab.serve_socket(lab.lns)).with_name("state.json")))
+    assert state is not None and [s.pppd_pid for t in state.tunnels for s in t.sessions] == [pid]
     # restart: the session is adopted, the tunnel socket taken back from pppd;
     # the log is read on from where the stop saved it, with the call known
     assert Path(lab.serve_socket(lab.lns)).with_name("discovery.json").exists()
@@ -316,11 +317,13 @@ def test_restarted_daemon_adopts_running_sessions(lab):
                                     local=Endpoint.parse("10.99.1.1:40000"), remote=Endpoint.parse("10.99.1.2:40001")))
         nl.session_create(SessionSpec(tunnel_id=999, session_id=5, peer_session_id=6, version=2, pw_type=PwType.ppp))
     sp = Path(lab.serve_socket(lab.lns)).with_name("state.json")
-    state = json.loads(sp.read_text())
-    state["tunnels"].append({"instance": state["tunnels"][0]["instance"], "tunnel_id": 999, "peer_tunnel_id": 998,
-                             "local": "10.99.1.1", "peer": "10.99.1.2", "peer_port": 40001, "local_port": 40000,
-                             "sessions": [{"call_id": 5, "peer_call_id": 6, "pppd_pid": 999999, "role": "lns"}]})
-    sp.write_text(json.dumps(state))
+    state = statefile.read(str(sp))
+    assert state is not None
+    orphan = statefile.TunnelRecord(instance=state.tunnels[0].instance, tunnel_id=999, peer_tunnel_id=998,
+                                    local="10.99.1.1", peer="10.99.1.2", peer_port=40001, local_port=40000)
+    with open(sp, "ab") as f:  # the journal's lines of a tunnel and session a crashed daemon recorded
+        f.write(statefile.tunnel_line(orphan) + statefile.session_line(orphan.instance, 999, statefile.SessionRecord(
+            call_id=5, peer_call_id=6, pppd_pid=999999, role="lns")))
     assert kernel_objects(lab.lns.ns)[:2] == (2, 2)
     os.killpg(srv.pid, signal.SIGHUP)
     wait_until(lambda: kernel_objects(lab.lns.ns) == (1, 1, 0), "the orphan removed by SIGHUP", detail=lab.tails)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 
 import pytest
 
@@ -36,18 +37,19 @@ def svc(tmp_path):
 
 
 def state(svc):
-    with open(svc.state_path) as f:
-        return json.load(f)
+    """The state file as a restart reads it, in the models' own dump."""
+    from pipexctl.offload.statefile import read
+
+    st = read(svc.state_path)
+    assert st is not None, "the state file is missing or not valid"
+    return json.loads(st.model_dump_json())
 
 
 def nothing_left(svc):
     assert svc.tunnels == {} and svc.datapath.tunnels == {}
     assert svc.backend.tunnel_dump() == [] and svc.backend.session_dump() == []
-    try:
-        with open(svc.state_path) as f:
-            assert json.load(f)["tunnels"] == []
-    except FileNotFoundError:
-        pass  # failed before anything was recorded
+    if os.path.exists(svc.state_path):  # absent: failed before anything was recorded
+        assert state(svc)["tunnels"] == []
 
 
 def test_a_failed_hand_off_undoes_the_session_and_the_new_tunnel(svc):
@@ -285,15 +287,15 @@ def test_a_failing_disk_is_retried_by_the_tick_and_warned_about_once(svc, monkey
 
     from pipexctl.offload import statefile
 
-    real = statefile.save_encoded
+    real = statefile.Writer._append
     failing = [False]
 
-    def save(path, tunnels):
+    def append(self, data):
         if failing[0]:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, tunnels)
+        real(self, data)
 
-    monkeypatch.setattr(statefile, "save_encoded", save)
+    monkeypatch.setattr(statefile.Writer, "_append", append)
     ch, _ = svc.offload(call(1), 4242)  # written before the disk fills
     ch.close()
     failing[0] = True
@@ -313,17 +315,18 @@ def test_a_failing_disk_is_retried_by_the_tick_and_warned_about_once(svc, monkey
     assert any("written again" in r.getMessage() for r in caplog.records)
 
 
-def test_a_snapshot_is_not_changed_by_what_the_table_does_after_it(svc):
+def test_a_journal_snapshot_is_not_changed_by_what_the_table_does_after_it(svc):
     ch, _ = svc.offload(call(1), 4242)
     ch.close()
     with svc.lock:
-        snap = svc.tunnels.encoded()
-        before = list(snap)
+        svc.snapshot()  # the lines so far are queued
+        whole = svc.tunnels.whole()
         ch2, _ = svc.offload(call(2, pid=4343), 4343)
         svc._end_call(svc.tunnels[("xl2tpd", 100)], 1, "ended")
+        svc.save()
     ch2.close()
-    assert snap == before and [json.loads(t)["sessions"][0]["call_id"] for t in snap] == [1]
-    assert [json.loads(t)["sessions"] for t in svc.tunnels.encoded()][0][0]["call_id"] == 2
+    assert [[s.call_id for s in sessions] for _, sessions in whole] == [[1]]
+    assert _sessions_on_disk(svc) == [2]
 
 
 def test_the_indexed_tables_refuse_a_copy_that_would_share_their_index():

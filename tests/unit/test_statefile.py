@@ -43,13 +43,24 @@ def test_missing_file_is_an_empty_state_without_warning(tmp_path):
 
 
 def test_corrupt_or_invalid_files_are_moved_aside_never_trusted(tmp_path):
+    whole = statefile.encode([(rec(), rec().sessions)])
+    head, tunnel, session = whole.splitlines(keepends=True)
     bad = {
-        "torn": b'{"version": 1, "tunnels": [{"inst',
+        "torn": b'{"version": 2, "tunnels": [{"inst',
         "binary": b"\xff\xfe\x00garbage",
         "wrong-version": json.dumps({"version": 9, "tunnels": []}).encode(),
-        "out-of-range": json.dumps({"version": 1, "tunnels": [
-            {**json.loads(statefile.encode_tunnel(rec(), rec().sessions)), "tunnel_id": 70000}]}).encode(),
+        "out-of-range": json.dumps({"version": 2, "tunnels": [
+            {**json.loads(State(tunnels=[rec()]).model_dump_json())["tunnels"][0], "tunnel_id": 70000}]}).encode(),
         "wrong-type": b"[1, 2, 3]",
+        # a journal (version 3): each line must be a record, and follow from the lines before it
+        "journal-header-torn": head[:-1],
+        "journal-line-not-json": head + tunnel + b"{garbage\n" + session,
+        "journal-session-before-its-tunnel": head + session + tunnel,
+        "journal-session-twice": whole + session,
+        "journal-end-of-an-unknown-call": whole + statefile.end_line("log", 10, 9),
+        "journal-drop-of-an-unknown-tunnel": whole + statefile.drop_line("log", 11),
+        "journal-out-of-range": whole + session.replace(b'"call_id":1', b'"call_id":70000'),
+        "journal-two-changes-in-a-line": head + tunnel[:-2] + b',"drop":{}}\n',
     }
     for name, data in bad.items():
         path = tmp_path / f"{name}.json"
@@ -60,6 +71,39 @@ def test_corrupt_or_invalid_files_are_moved_aside_never_trusted(tmp_path):
         assert not path.exists()
         (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith(f"{name}.json.corrupt-")]
         assert aside.read_bytes() == data
+
+
+def test_a_journal_replays_its_changes_and_ignores_a_torn_last_line(tmp_path):
+    """Tunnels made and dropped, sessions recorded and ended, appended after
+    a whole write: the file says what is left.  A last line without its end
+    (a crash in the middle of an append, whose write never returned) is not
+    read, and does not make the file invalid."""
+    path = tmp_path / "state.json"
+    statefile.save(str(path), State(tunnels=[rec(10, 20, 40000, [(1, 2, 100)])]))
+    t11 = rec(11, 21, 40001, ())
+    with open(path, "ab") as f:
+        f.write(statefile.tunnel_line(t11) + statefile.session_line("log", 11, SessionRecord(
+            call_id=5, peer_call_id=6, pppd_pid=102)) + statefile.end_line("log", 10, 1)
+            + statefile.session_line("log", 10, SessionRecord(call_id=1, peer_call_id=3, pppd_pid=103))
+            + statefile.drop_line("log", 11) + statefile.tunnel_line(rec(11, 22, 40002, ())))
+    want = [rec(10, 20, 40000, [(1, 3, 103)]), rec(11, 22, 40002, ())]
+    st, warning = statefile.load(str(path))
+    assert warning is None and st.tunnels == want and st.pid == os.getpid()
+    torn = statefile.session_line("log", 11, SessionRecord(call_id=7, peer_call_id=8, pppd_pid=104))
+    with open(path, "ab") as f:
+        f.write(torn[:-9])
+    st, warning = statefile.load(str(path))
+    assert warning is None and st.tunnels == want and path.exists()
+
+
+def test_a_version_2_file_is_read(tmp_path):
+    """The file a daemon before the journal wrote: one JSON document."""
+    path = tmp_path / "state.json"
+    doc = {"version": 2, "written": 1.0, "pid": 7, "tunnels": json.loads(
+        State(tunnels=[rec(10, 20, 40000, [(1, 2, 100)])]).model_dump_json())["tunnels"]}
+    path.write_text(json.dumps(doc))
+    st, warning = statefile.load(str(path))
+    assert warning is None and st.tunnels == [rec(10, 20, 40000, [(1, 2, 100)])]
 
 
 def test_plan_adopts_live_calls_and_removes_orphans():
@@ -118,31 +162,30 @@ def test_offloads_at_once_share_state_writes_and_each_finds_its_record_on_disk(t
     """Group commit: 20 offloads record their call under one lock, then wait
     for the file without it.  Each finds its own record on disk when its
     wait returns (before pppd would get the channel); the writes are fewer
-    than the offloads; the file ends with all of them, never an older state
-    over a newer one."""
+    than the offloads; the file ends with all of them, in the order of the
+    snapshots."""
     import threading
     import time
 
-    real_save = statefile.save_encoded
-    saved: list[int] = []
+    real_append = statefile.Writer._append
 
-    def slow_save(path, tunnels):  # a write that takes time, as an fsync does under load
+    def slow_append(self, data):  # a write that takes time, as an fdatasync does under load
         time.sleep(0.05)
-        real_save(path, tunnels)
-        saved.append(sum(len(json.loads(t)["sessions"]) for t in tunnels))
+        real_append(self, data)
 
-    monkeypatch.setattr(statefile, "save_encoded", slow_save)
+    monkeypatch.setattr(statefile.Writer, "_append", slow_append)
     path = str(tmp_path / "state.json")
     w = statefile.Writer(path)
     lock = threading.Lock()
     tunnel = TunnelRecord(instance="xl2tpd", tunnel_id=1, peer_tunnel_id=2, local="10.0.0.1", peer="10.0.0.2",
                           peer_port=1701, local_port=1701)
+    w.flush(w.snapshot([], [(tunnel, [])]))
     missing = []
 
     def offload(cid):
         with lock:
-            tunnel.sessions.append(SessionRecord(call_id=cid, peer_call_id=cid, pppd_pid=1000 + cid))
-            n = w.snapshot([statefile.encode_tunnel(tunnel, tunnel.sessions)])
+            n = w.snapshot([statefile.session_line("xl2tpd", 1, SessionRecord(call_id=cid, peer_call_id=cid,
+                                                                              pppd_pid=1000 + cid))])
         w.flush(n)
         on_disk, _ = statefile.load(path)
         if cid not in {s.call_id for t in on_disk.tunnels for s in t.sessions}:
@@ -154,21 +197,22 @@ def test_offloads_at_once_share_state_writes_and_each_finds_its_record_on_disk(t
     for t in threads:
         t.join()
     assert missing == []
-    assert w.writes < 20 and saved == sorted(saved)
+    assert w.writes < 21
     final, _ = statefile.load(path)
     assert sorted(s.call_id for s in final.tunnels[0].sessions) == list(range(1, 21))
+    w.close()
 
 
 def test_a_failed_state_write_raises_for_every_offload_it_covered(tmp_path, monkeypatch):
     calls = []
 
-    def failing(path, tunnels):
+    def failing(self, data):
         calls.append(1)
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(statefile, "save_encoded", failing)
+    monkeypatch.setattr(statefile.Writer, "_write_whole", failing)
     w = statefile.Writer(str(tmp_path / "state.json"))
-    a, b = w.snapshot([]), w.snapshot([])
+    a, b = w.snapshot([], []), w.snapshot([])
     for n in (a, b):
         try:
             w.flush(n)
@@ -178,18 +222,66 @@ def test_a_failed_state_write_raises_for_every_offload_it_covered(tmp_path, monk
     assert len(calls) == 2
 
 
+def test_an_append_that_fails_after_writing_leaves_no_torn_line(tmp_path, monkeypatch):
+    """The disk fails at the sync, after the lines went in: they are cut off
+    again, kept, and written once by the next try."""
+    path = str(tmp_path / "state.json")
+    w = statefile.Writer(path)
+    t = rec(10, 20, 40000, ())
+    w.flush(w.snapshot([], [(t, [])]))
+    s1 = SessionRecord(call_id=1, peer_call_id=2, pppd_pid=100)
+    n = w.snapshot([statefile.session_line("log", 10, s1)])
+    real = os.fdatasync
+
+    def failing(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(statefile.os, "fdatasync", failing)
+    try:
+        w.flush(n)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("a failed sync was taken as done")
+    assert statefile.load(path)[0].tunnels == [t]  # nothing torn, nothing half-said
+    monkeypatch.setattr(statefile.os, "fdatasync", real)
+    w.flush(n)
+    assert statefile.load(path)[0].tunnels == [rec(10, 20, 40000, [(1, 2, 100)])]
+    w.close()
+
+
+def test_the_journal_is_written_whole_again_once_it_outgrows_what_it_says(tmp_path):
+    path = str(tmp_path / "state.json")
+    w = statefile.Writer(path)
+    t = rec(10, 20, 40000, ())
+    w.flush(w.snapshot([], [(t, [])]))
+    s1 = SessionRecord(call_id=1, peer_call_id=2, pppd_pid=100)
+    for _ in range(w.SLACK // 2 + 1):  # a call made and ended, again and again: the file describes 1 tunnel
+        assert not w.wants_whole(1)
+        w.flush(w.snapshot([statefile.session_line("log", 10, s1), statefile.end_line("log", 10, 1)]))
+    assert w.wants_whole(1) and not w.wants_whole(w.SLACK)
+    w.flush(w.snapshot([], [(t, [s1])]))
+    with open(path, "rb") as f:
+        assert len(f.read().splitlines()) == 3  # header, tunnel, session
+    assert not w.wants_whole(2)
+    w.close()
+
+
 def test_the_hand_encoding_is_what_the_model_writes_and_reads_back(tmp_path):
-    """The file is joined from pieces encoded once each (statefile.encode_*);
+    """The file is joined from lines encoded by hand (statefile.*_line);
     they must say what pydantic's own dump of the same records says, and
     load back through the models' validation."""
     recs = [rec(10, 20, 40000, ((1, 2, 100), (3, 4, 101))), rec(30, 31, 1701, ()),
             TunnelRecord(instance='xl2tpd@7 "x"', tunnel_id=5, peer_tunnel_id=6, local="10.0.0.1", peer="10.0.0.2",
                          peer_port=1702, local_port=1701, xl2tpd_pid=77,
                          sessions=[SessionRecord(call_id=9, peer_call_id=0, pppd_pid=5, role="lac",
-                                                 pty="/dev/pts/3")])]
+                                                 pty="/dev/pts/3", moved=True, since=1.5)])]
     for r in recs:
-        assert json.loads(statefile.encode_tunnel(r, r.sessions)) == \
-            json.loads(State(tunnels=[r]).model_dump_json())["tunnels"][0]
+        model = json.loads(State(tunnels=[r]).model_dump_json())["tunnels"][0]
+        assert json.loads(statefile.tunnel_line(r))["tunnel"] == {k: v for k, v in model.items() if k != "sessions"}
+        for s, want in zip(r.sessions, model["sessions"]):
+            assert json.loads(statefile.session_line(r.instance, r.tunnel_id, s))["session"] == \
+                {"instance": r.instance, "tunnel_id": r.tunnel_id, **want}
     path = str(tmp_path / "state.json")
     statefile.save(path, State(tunnels=recs))
     st, warning = statefile.load(path)

@@ -112,7 +112,7 @@ class Endings:
                     self.on_event(e)
                 except Exception:  # one event's failure does not lose the ones after it
                     log.exception("acting on %s failed", type(e).__name__)
-        self.write_saved()  # after the lock: the whole file is rewritten, and offloads wait for the lock
+        self.write_saved()  # after the lock: offloads would wait for the lock through the write
 
     def on_event(self, e: Event) -> None:
         """Discovery's word that a call or tunnel ended, acted on once an

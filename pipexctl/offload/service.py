@@ -539,6 +539,9 @@ class OffloadService(Endings):
         """The watcher's round: write what is recorded and not yet on disk,
         never waiting for a write under way, with a pause after a failure."""
         failures = self.state.failures
+        if self.state.stuck():
+            with self.lock:  # a whole write is the only way on: queue one
+                self.snapshot()
         try:
             wrote = self.state.flush_later()
         except OSError as e:
@@ -565,8 +568,12 @@ class OffloadService(Endings):
         """The changes made since the last snapshot, or now and then the
         whole state, to be written (the caller holds the lock)."""
         lines, described = self.tunnels.journal()
-        whole = self.tunnels.whole() if self.state.wants_whole(described) else None
-        return self.state.snapshot(lines, whole)
+        try:
+            whole = self.tunnels.whole() if self.state.wants_whole(described) else None
+            return self.state.snapshot(lines, whole)
+        except BaseException:
+            self.state.rewrite()  # the lines taken are lost: only a whole write says everything again
+            raise
 
     def shutdown(self) -> None:
         with self.lock:

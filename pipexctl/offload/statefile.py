@@ -12,9 +12,11 @@ outside the daemon's lock, for a write that holds its line, and one write
 holds every line recorded before it began.  When the journal has grown to
 twice what it describes, and at each start and SIGHUP, the file is
 rewritten whole (temp file + fsync + rename) from the daemon's records.  A
-crash leaves either a whole rewrite or a journal whose last line may be
-torn; a torn last line is one whose write never returned, so no pppd was
-told of what it says, and it is ignored.
+crash leaves either a whole rewrite or a journal whose end may hold the
+lines of a write that never returned, the last of them possibly cut off
+(or, after a power loss, zeros).  No pppd was told of what those lines
+say: whole ones are read (a session the kernel then lacks is forgotten, an
+end was already done), and a cut-off last line or trailing zeros are not.
 
 At start the daemon calls :func:`plan` with what the file says, what the
 kernel holds and what discovery knows, and gets three lists:
@@ -134,27 +136,32 @@ def load(path: str) -> tuple[State, Optional[str]]:
 def _parse(raw: bytes) -> State:
     if len(raw) > MAX_BYTES:
         raise _Invalid(f"larger than {MAX_BYTES // (1024 * 1024)} MiB")
+    raw = raw.rstrip(b"\0")  # what a power loss can leave after the last write that reached the disk
     head, nl, rest = raw.partition(b"\n")
     try:
-        doc = json.loads(head.decode("utf-8"))
-        if not nl:  # one document: a version 1 or 2 file (or a journal's torn header)
+        try:
+            doc = json.loads(head.decode("utf-8"))
+        except ValueError:
+            doc = None
+        if not (nl and isinstance(doc, dict) and set(doc) == {"version", "written", "pid"}
+                and doc["version"] == VERSION):
+            # one document: a version 1 or 2 file (or a journal's header cut off)
+            doc = json.loads(raw.decode("utf-8"))
             if isinstance(doc, dict) and doc.get("version") == 1:
                 raise _Invalid("written by pipexctl's earlier data path (private ports, nft table ip pipexctl); "
                                "this daemon replaces that table, so the calls it names carry no more data: "
                                "hang them up")
-            if isinstance(doc, dict) and doc.get("version") == 3:
-                raise ValueError("a journal's header without its end of line")
+            if isinstance(doc, dict) and doc.get("version") == VERSION:
+                raise ValueError(f"a version {VERSION} header alone, without its end of line")
             return State.model_validate(doc)
-        if not isinstance(doc, dict) or set(doc) != {"version", "written", "pid"} or doc["version"] != VERSION:
-            raise ValueError(f"line 1 is not a version {VERSION} header")
         state = State.model_validate(doc)
         lines = rest.split(b"\n")
-        # the last piece is empty after a whole line, and a torn line after a
+        # the last piece is empty after a whole line, and a line cut off by a
         # crash in the middle of an append (its write never returned: ignored)
         state.tunnels = _replay(lines[:-1])
         return state
-    except (ValueError, UnicodeDecodeError, ValidationError, TypeError) as e:
-        raise _Invalid(str(e).splitlines()[0][:200]) from None
+    except (ValueError, UnicodeDecodeError, ValidationError, TypeError, RecursionError) as e:
+        raise _Invalid(str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
 
 
 def _replay(lines: Sequence[bytes]) -> list[TunnelRecord]:
@@ -293,7 +300,23 @@ class Writer:
     def wants_whole(self, described: int) -> bool:
         """The next snapshot should be the whole state (``described``: the
         tunnels and sessions held)."""
-        return self._rewrite or self._in_file > 2 * described + self.SLACK
+        return self._rewrite or self._in_file > 2 * described + self.SLACK or self._replaced()
+
+    def stuck(self) -> bool:
+        """Only a whole write can go on (a failed append's tail could not be
+        cut off, or the file was replaced); none is queued."""
+        return self._whole is None and (self._rewrite or self._replaced())
+
+    def _replaced(self) -> bool:
+        """The path no longer names the file this daemon appends to (an
+        editor's rename, a move aside): appends would go nowhere a restart reads."""
+        if self._fd < 0:
+            return False
+        try:
+            st, at = os.fstat(self._fd), os.stat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != (at.st_dev, at.st_ino)
 
     def rewrite(self) -> None:
         """Write the file whole at the next snapshot (after a reconcile: what
@@ -349,7 +372,7 @@ class Writer:
                 self._write_whole(encode(whole) + b"".join(lines))
             else:
                 self._append(b"".join(lines))
-        except OSError:
+        except BaseException:
             with self._queue:
                 if self._whole is None:  # no whole state was queued meanwhile (it would hold these): keep them
                     self._whole = whole
@@ -366,15 +389,21 @@ class Writer:
     def _write_whole(self, data: bytes) -> None:
         _mkdir(self.path)
         fd = files.atomic_write(self.path, data, keep_open=True)
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
-        self.close()
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._close_fd()
         self._fd = fd
 
     def _append(self, data: bytes) -> None:
-        if self._fd < 0:
-            # the last append failed and its torn tail could not be cut off:
-            # only a whole write, at the next snapshot, makes the file valid again
-            raise OSError(errno.EIO, "the state file waits to be written whole after a failed write")
+        if self._fd < 0 or self._replaced():
+            # a failed append's tail could not be cut off, or the file was
+            # replaced: only a whole write (the next snapshot's) can go on
+            self._rewrite = True
+            raise OSError(errno.EIO, "the state file waits to be written whole (a failed write, or the file "
+                          "was replaced)")
         good = os.fstat(self._fd).st_size
         try:
             view = memoryview(data)
@@ -385,11 +414,16 @@ class Writer:
             try:
                 os.ftruncate(self._fd, good)  # no torn line before the next one
             except OSError:
-                self.close()
                 self._rewrite = True
+                self._close_fd()
             raise
 
     def close(self) -> None:
+        """Stop appending (a write under way ends first)."""
+        with self._lock:
+            self._close_fd()
+
+    def _close_fd(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -450,3 +450,16 @@ def test_the_timing_splits_the_build_into_this_threads_cpu_and_its_waits(svc, mo
     assert timing["build"] >= 0.2
     assert 0 <= timing["build_cpu"] < timing["build"] - 0.15, timing
     assert 0 <= timing["build_runnable"] < timing["build"] - 0.15, timing  # asleep, not waiting for a CPU
+
+
+def test_the_tick_writes_the_file_whole_again_after_someone_replaced_it(svc):
+    """The daemon owns the file: an edit without SIGHUP is overwritten by the
+    next round, so a restart reads what the daemon holds."""
+    from pipexctl.offload import statefile
+
+    ch, _ = svc.offload(call(1), 4242)
+    ch.close()
+    statefile.save(svc.state_path, statefile.State())  # an editor's save: a new file at the path
+    assert _sessions_on_disk(svc) == []
+    svc.tick()
+    assert _sessions_on_disk(svc) == [1]

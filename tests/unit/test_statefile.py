@@ -286,3 +286,43 @@ def test_the_hand_encoding_is_what_the_model_writes_and_reads_back(tmp_path):
     statefile.save(path, State(tunnels=recs))
     st, warning = statefile.load(path)
     assert warning is None and st.tunnels == recs
+
+
+def test_a_version_2_file_over_several_lines_trailing_zeros_and_deep_nesting(tmp_path):
+    """A hand-edited version 2 file (pretty-printed) is read; zeros after the
+    last line (a power loss) are not read; a document nested past the
+    parser's depth is invalid, never a crash."""
+    path = tmp_path / "state.json"
+    doc = {"version": 2, "tunnels": json.loads(State(tunnels=[rec()]).model_dump_json())["tunnels"]}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    assert statefile.load(str(path)) == (State(version=2, tunnels=[rec()]), None)
+    statefile.save(str(path), State(tunnels=[rec()]))
+    with open(path, "ab") as f:
+        f.write(statefile.end_line("log", 10, 1)[:-5] + b"\0" * 4096)
+    st, warning = statefile.load(str(path))
+    assert warning is None and st.tunnels == [rec()]
+    path.write_bytes(b"[" * 100000)
+    st, warning = statefile.load(str(path))
+    assert st.tunnels == [] and "is not valid" in warning
+
+
+def test_a_replaced_file_is_written_whole_not_appended_to(tmp_path):
+    """An editor's save (a rename over the path) or a move aside: appends to
+    the old file would reach nothing a restart reads."""
+    path = str(tmp_path / "state.json")
+    w = statefile.Writer(path)
+    t = rec(10, 20, 40000, ())
+    w.flush(w.snapshot([], [(t, [])]))
+    assert not w.wants_whole(1) and not w.stuck()
+    statefile.save(path, State(tunnels=[rec(10, 20, 40000, ((1, 2, 100),))]))  # someone's edit
+    assert w.wants_whole(1) and w.stuck()
+    n = w.snapshot([statefile.drop_line("log", 10)])
+    try:
+        w.flush(n)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("lines appended to a file no longer at its path")
+    w.flush(w.snapshot([], []))  # the whole state, as the service's next snapshot gives it
+    assert statefile.load(path)[0].tunnels == [] and not w.stuck()
+    w.close()

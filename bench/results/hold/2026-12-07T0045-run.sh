@@ -1,5 +1,5 @@
 #!/bin/bash
-# One Debian 12 boot: bench/holdcalls.py, 10,000 calls, the heap trimmed every 10 s as serve does,
+# One Debian 12 boot (2026-12-07, records 2026-12-07T0045-10000-REV-hold-N-debian12.json): bench/holdcalls.py, 10,000 calls, the heap trimmed every 10 s as serve does,
 # the state file as a journal (4a856e5, "new") and as one document rewritten per change
 # (cab6a10, "old"), alternated new, old, old, new.  Each tree runs its own code.
 R=$PIPEXCTL_RESULTS

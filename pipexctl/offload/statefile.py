@@ -145,8 +145,10 @@ def _parse(raw: bytes) -> State:
             doc = None
         if not (nl and isinstance(doc, dict) and set(doc) == {"version", "written", "pid"}
                 and doc["version"] == VERSION):
-            # one document: a version 1 or 2 file (or a journal's header cut off)
-            doc = json.loads(raw.decode("utf-8"))
+            # one document: a version 1 or 2 file (or a journal's header cut off);
+            # a one-line file was parsed whole above, unless that failed (parsed again for its error)
+            if nl or doc is None:
+                doc = json.loads(raw.decode("utf-8"))
             if isinstance(doc, dict) and doc.get("version") == 1:
                 raise _Invalid("written by pipexctl's earlier data path (private ports, nft table ip pipexctl); "
                                "this daemon replaces that table, so the calls it names carry no more data: "

@@ -722,7 +722,7 @@ class Discovery:
                             continue  # ended while the question was out
                         t = TunnelInfo(instance=ins.name, role="lns", section=section, peer=st.peer,
                                        peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
-                                       sources=["control"])
+                                       sources=("control",))
                         ev += self.tracker.tunnel_up(ins, t)
                     for cid in st.calls:
                         key = CallKey(st.peer, cid)
@@ -733,7 +733,7 @@ class Discovery:
                             c = CallInfo(instance=ins.name, role="lns", section=section, peer=st.peer,
                                          peer_port=st.peer_port, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
                                          call_id=cid, data_path="kernel" if ins.kernel_mode else "unknown",
-                                         sources=["control"])
+                                         sources=("control",))
                             ev += self.tracker.call_up(ins, c)
                         else:
                             ev += self.tracker.update_call(c, tunnel_id=tid, peer_tunnel_id=st.peer_tunnel_id,
@@ -987,7 +987,7 @@ def _matches(p: procscan.Proc, c: CallInfo) -> bool:
     if s is not None:
         return s == c.call_id and (t is None or c.tunnel_id is None or t == c.tunnel_id)
     if c.pppd_argv:
-        return p.argv[1:] == c.pppd_argv[1:]
+        return tuple(p.argv[1:]) == c.pppd_argv[1:]
     return False
 
 

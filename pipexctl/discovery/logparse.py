@@ -231,6 +231,11 @@ def _addr(text: str) -> str:
     return sys.intern(str(ipaddress.ip_address(text)))
 
 
+def _section(name: Optional[str]) -> Optional[str]:
+    # interned: every tunnel of an LNS section names it (one string, not one per tunnel held)
+    return sys.intern(name) if name is not None else None
+
+
 def _id(text: str, what: str, top: int = 0xFFFF) -> int:
     v = int(text)
     if not 0 <= v <= top:
@@ -281,7 +286,7 @@ def _connecting(m: re.Match[str], pid: Optional[int]) -> Connecting:
 def _tun_est(m: re.Match[str], pid: Optional[int]) -> TunnelEstablished:
     return TunnelEstablished(
         _addr(m["peer"]), _id(m["port"], "port"), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"),
-        m["sect"], pid=pid,
+        _section(m["sect"]), pid=pid,
     )
 
 
@@ -398,7 +403,7 @@ def _death(m: re.Match[str], pid: Optional[int]) -> DaemonExiting:
     rf"{IP}:(?P<port>\d{{1,5}}), ",
 )
 def _st_tunnel(m: re.Match[str], pid: Optional[int]) -> StatusTunnel:
-    return StatusTunnel(m["sect"], _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), _addr(m["peer"]),
+    return StatusTunnel(sys.intern(m["sect"]), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), _addr(m["peer"]),
                         _id(m["port"], "port"), pid=pid)
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Callable, Literal, NamedTuple, Optional, Sequence, TypeVar, Union
+from typing import Annotated, Any, Callable, Literal, NamedTuple, Optional, Sequence, TypeVar, Union
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
 from ..indexed import Indexed
@@ -51,6 +51,19 @@ class CallKey(NamedTuple):
 # fields-set set, about 1.4 KiB for a call against 0.3 KiB here, and a
 # daemon tracks one per call (bench: serve RSS at 10,000 calls).
 
+_SHARED_SOURCES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def shared_sources(names: tuple[str, ...]) -> tuple[str, ...]:
+    """One tuple object per distinct list of source names, shared by every
+    record that has it: the names are discovery's own (a log, a control pipe,
+    their status), so there are a handful, against a list per record."""
+    return _SHARED_SOURCES.setdefault(names, names)
+
+
+# which sources told of a record, first first: immutable and shared
+Sources = Annotated[tuple[str, ...], AfterValidator(shared_sources)]
+
 
 @dataclass(slots=True, kw_only=True)
 class CallInfo:
@@ -65,13 +78,13 @@ class CallInfo:
     peer_call_id: Optional[int] = None
     serial: Optional[int] = None
     pppd_pid: Optional[int] = None
-    pppd_argv: Optional[list[str]] = None
+    pppd_argv: Optional[tuple[str, ...]] = None
     data_path: DataPath = "unknown"
     # when data_path last changed from one known path to another (epoch s;
     # a live move or its undo), None while it has not been seen to change
     path_changed: Optional[float] = None
     since: float = Field(default_factory=time.time)
-    sources: list[str] = Field(default_factory=list)
+    sources: Sources = ()
     # two "Call established" lines named this pppd with other peer ids: one
     # of them is forged, and which cannot be told (never offloaded then)
     disputed: bool = False
@@ -109,7 +122,7 @@ class TunnelInfo:
     tunnel_id: int  # ours
     peer_tunnel_id: Optional[int] = None
     since: float = Field(default_factory=time.time)
-    sources: list[str] = Field(default_factory=list)
+    sources: Sources = ()
 
     def key(self) -> tuple[str, int]:
         return (self.instance, self.tunnel_id)
@@ -127,13 +140,12 @@ _Record = TypeVar("_Record", CallInfo, TunnelInfo)
 
 def _snapshot(rec: _Record) -> _Record:
     """A copy of a record that later changes to it do not reach: its fields
-    are strings, numbers and lists of strings, so each list is copied and
-    the rest shared (a deep copy was most of a status report's time).  The
-    copy is not validated again: the record was."""
+    are strings, numbers and tuples of strings, none of which changes in
+    place, so the copy shares them (a deep copy was most of a status
+    report's time).  The copy is not validated again: the record was."""
     out = type(rec).__new__(type(rec))
     for name in _FIELDS[type(rec)]:
-        v = getattr(rec, name)
-        object.__setattr__(out, name, v.copy() if type(v) is list else v)
+        object.__setattr__(out, name, getattr(rec, name))
     return out
 
 
@@ -383,9 +395,9 @@ class Tracker:
             for f in ("section", "peer_tunnel_id", "peer_port", "role"):
                 if getattr(have, f) in (None, "unknown") and getattr(t, f) not in (None, "unknown"):
                     setattr(have, f, getattr(t, f))
-            for s in t.sources:
-                if s not in have.sources:
-                    have.sources.append(s)
+            more = tuple(s for s in t.sources if s not in have.sources)
+            if more:
+                have.sources = shared_sources(have.sources + more)
             return []
         ins.tunnels[t.tunnel_id] = t
         return self._ev(lambda: TunnelUp(tunnel=t.copy()))
@@ -548,7 +560,7 @@ class Tracker:
         role: Role = "lns" if rec.lns_section is not None else "lac"
         return self.tunnel_up(ins, TunnelInfo(
             instance=instance, role=role, section=rec.lns_section, peer=rec.peer, peer_port=rec.port,
-            tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source]))
+            tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=(source,)))
 
     def _on_calling_on_tunnel(self, ins: Instance, instance: str, rec: lp.CallingOnTunnel, source: str) -> list[Event]:
         ins.calling_seen += 1
@@ -560,7 +572,7 @@ class Tracker:
         if ins.last_lac_call is not None and ins.last_lac_call in ins.calls:
             c = ins.calls[ins.last_lac_call]
             ins.last_lac_call = None
-            return self.update_call(c, pppd_argv=list(rec.argv), data_path=data_path_from_argv(rec.argv))
+            return self.update_call(c, pppd_argv=tuple(rec.argv), data_path=data_path_from_argv(rec.argv))
         ins.pending_argv = rec.argv
         return []
 
@@ -590,7 +602,7 @@ class Tracker:
         ev = []
         # xl2tpd's control pipe may list a call before its line is read:
         # that line completes the call, it does not reuse its id
-        listed_first = (old is not None and old.sources == ["control"] and old.pppd_pid is None
+        listed_first = (old is not None and old.sources == ("control",) and old.pppd_pid is None
                         and old.peer == rec.peer and (tid is None or old.tunnel_id in (None, tid)))
         if old is not None and not listed_first and (
                 rec.pppd_pid is not None and old.pppd_pid == rec.pppd_pid
@@ -617,9 +629,9 @@ class Tracker:
             instance=instance, role=role if t is None else t.role, section=t.section if t else None,
             peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
             peer_tunnel_id=t.peer_tunnel_id if t else None, call_id=rec.call_id, peer_call_id=rec.peer_call_id,
-            serial=rec.serial, pppd_pid=rec.pppd_pid, pppd_argv=list(argv) if argv else None,
+            serial=rec.serial, pppd_pid=rec.pppd_pid, pppd_argv=tuple(argv) if argv else None,
             data_path=data_path_from_argv(argv) if argv else ("kernel" if ins.kernel_mode else "unknown"),
-            sources=[source],
+            sources=(source,),
         )
         if rec.ts:
             c.since = rec.ts
@@ -644,7 +656,7 @@ class Tracker:
         ins.status_tunnel, ins.status_peer = rec.tunnel_id, rec.peer
         return self.tunnel_up(ins, TunnelInfo(
             instance=instance, section=rec.section, peer=rec.peer, peer_port=rec.port,
-            tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=[source + ":status"]))
+            tunnel_id=rec.tunnel_id, peer_tunnel_id=rec.peer_tunnel_id, sources=(source + ":status",)))
 
     def _on_status_call(self, ins: Instance, instance: str, rec: lp.StatusCall, source: str) -> list[Event]:
         tid = ins.status_tunnel
@@ -660,7 +672,7 @@ class Tracker:
         c = CallInfo(instance=instance, role=t.role, section=rec.section, peer=t.peer, peer_port=t.peer_port,
                      tunnel_id=tid, peer_tunnel_id=t.peer_tunnel_id, call_id=rec.call_id,
                      peer_call_id=rec.peer_call_id, serial=rec.serial,
-                     data_path="kernel" if ins.kernel_mode else "unknown", sources=[source + ":status"])
+                     data_path="kernel" if ins.kernel_mode else "unknown", sources=(source + ":status",))
         return self.call_up(ins, c)
 
     def _on_tunnel_closed(self, ins: Instance, instance: str, rec: lp.TunnelClosed, source: str) -> list[Event]:

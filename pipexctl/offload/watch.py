@@ -474,7 +474,7 @@ class CallWatch:
         after that pppd's fork: xl2tpd's own word, which its control pipe
         would only repeat.  The pipe is still asked for every other claim,
         and when two claims name one pppd."""
-        if (c.role != "lns" or c.sources[:1] != ["log"] or proc is None or c.pppd_pid != proc.pid
+        if (c.role != "lns" or c.sources[:1] != ("log",) or proc is None or c.pppd_pid != proc.pid
                 or xl2tpd_pid is None or not self.discovery.authenticated(c.instance)):
             return False
         ins = self.discovery.tracker.instances.get(c.instance)

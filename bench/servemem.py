@@ -5,13 +5,14 @@ the heap trimmed as serve trims it).  Each variant runs in a fresh
 interpreter, the variants interleaved (``--rounds``), so the machine's
 drift falls on all alike:
 
-- ``as-is``: serve as it ships;
+- ``as-is``: serve as it ships (its entry point keeps OpenSSL out,
+  ``pipexctl/entry.py``);
 - ``defer-build``: pydantic builds each model on its first use instead of
   at import (``defer_build`` for every model), the question being whether
   serve uses so few of them that the rest never get built;
-- ``no-openssl``: ``_hashlib`` kept out, so hashlib uses its built-in
-  hashes and OpenSSL's libcrypto is never loaded (pydantic.fields imports
-  pydantic.types, which imports secrets, hmac and hashlib).
+- ``with-openssl``: as it shipped until 2026-12-07, OpenSSL's libcrypto
+  loaded (pydantic.fields imports pydantic.types, which imports secrets,
+  hmac and hashlib).
 
 Not a test: it asserts nothing.  bench/holdcalls.py measures the same
 daemon holding real kernel calls in the guest.
@@ -30,13 +31,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("as-is", "defer-build", "no-openssl")
+VARIANTS = ("as-is", "defer-build", "with-openssl")
 
 
 def child(variant: str, calls: int, log: str) -> dict:
     """In a fresh interpreter: import what serve imports, then read the log."""
-    if variant == "no-openssl":
-        sys.modules["_hashlib"] = None  # type: ignore[assignment]  # hashlib falls back to its built-ins
+    if variant != "with-openssl":
+        from pipexctl.entry import without_openssl
+
+        without_openssl()
     if variant == "defer-build":
         from pydantic._internal import _config
 

@@ -36,7 +36,7 @@ cat > "$root/usr/bin/pipexctl" <<'EOF'
 #!/usr/bin/python3 -I
 import sys
 sys.path.insert(0, "/usr/lib/pipexctl/python")
-from pipexctl.cli import main
+from pipexctl.entry import main
 main()
 EOF
 chmod 0755 "$root/usr/bin/pipexctl"

@@ -35,7 +35,7 @@ LAYERS = [
                     "pipexctl.offload.sdnotify", "pipexctl.offload.journal", "pipexctl.offload.malloc",
                     "pipexctl.offload.metrics",
                     "pipexctl.offload.client", "pipexctl.offload.setupcheck",
-                    "pipexctl.cli", "pipexctl.__main__")),
+                    "pipexctl.cli", "pipexctl.entry", "pipexctl.__main__")),
     ("harness", ("pipexctl.testing.", "pipexctl.testing", "pipexctl.demo")),
 ]
 RANK = {"base": 0, "model": 1, "kernel backend": 2, "discovery": 3, "orchestrator": 3, "offload service": 4,

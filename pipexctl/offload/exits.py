@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import errno
 import os
-import selectors
 import threading
 
 from ..discovery import procscan
+from ..poller import Poller
 
 
 class Exits:
     def __init__(self) -> None:
-        self._sel = selectors.DefaultSelector()
+        self._sel: Poller[int] = Poller()  # pidfd -> pid
         self._fds: dict[int, list[int]] = {}  # pid -> [pidfd, references]
         self._dead: set[int] = set()
         self._lock = threading.Lock()
@@ -38,7 +38,7 @@ class Exits:
                     raise  # out of fds here: an offload must not go on unwatched
                 return False  # gone (ESRCH), or no pidfd here: the /proc fallback in alive()
             self._fds[pid] = [fd, 1]
-            self._sel.register(fd, selectors.EVENT_READ, pid)
+            self._sel.register(fd, pid)
             return True
 
     def unwatch(self, pid: int) -> None:
@@ -58,11 +58,11 @@ class Exits:
         """The watched pids that have exited (stay reported until unwatched)."""
         with self._lock:
             if self._fds:
-                for key, _ in self._sel.select(0):
-                    self._dead.add(key.data)
+                for fd, pid in self._sel.select(0):
+                    self._dead.add(pid)
                     # out of epoll once seen: an exited pid's pidfd stays
                     # readable, and fileno() must not wake a waiter for ever
-                    self._sel.unregister(key.fd)
+                    self._sel.unregister(fd)
             return set(self._dead)
 
     def fileno(self) -> int:

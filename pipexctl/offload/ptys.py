@@ -7,7 +7,7 @@ EIO at once and xl2tpd would spin on it, a whole CPU per offloaded side
 mode stops the line discipline from echoing what xl2tpd writes, and a
 thread reads and drops it so xl2tpd never blocks on a full pty.
 
-The drain uses epoll (selectors), not select(): one fd per offloaded call
+The drain uses epoll (pipexctl.poller), not select(): one fd per offloaded call
 goes past select()'s limit of 1024 at about a thousand calls.
 """
 
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import selectors
 import termios
 import threading
 import tty
 from typing import Hashable, Optional
+
+from ..poller import Poller
 
 log = logging.getLogger("pipexctl.serve")
 
@@ -39,7 +40,7 @@ class PtyHolder:
     def __init__(self) -> None:
         self._fds: dict[Hashable, int] = {}
         self._lock = threading.Lock()
-        self._sel = selectors.DefaultSelector()
+        self._sel: Poller[Hashable] = Poller()  # fd -> its key
         threading.Thread(target=self._drain, name="pty-drain", daemon=True).start()
 
     def hold(self, key: Hashable, fd: int) -> None:
@@ -53,7 +54,7 @@ class PtyHolder:
             if old is not None:
                 self._close(old)
             self._fds[key] = fd
-            self._sel.register(fd, selectors.EVENT_READ, key)
+            self._sel.register(fd, key)
 
     def release(self, key: Hashable) -> None:
         with self._lock:
@@ -84,20 +85,20 @@ class PtyHolder:
                 ready = self._sel.select(30)  # epoll sees fds registered meanwhile
             except (OSError, ValueError):
                 continue
-            for k, _ in ready:
+            for fd, key in ready:
                 with self._lock:
                     # only if still held: a released fd's number may already
                     # name another file (a tunnel socket) by now
-                    if self._sel.get_map().get(k.fd) is not k:
+                    if self._fds.get(key) != fd:
                         continue
                     try:
-                        gone = not os.read(k.fd, 65536)
+                        gone = not os.read(fd, 65536)
                     except BlockingIOError:
                         gone = False
                     except OSError:  # EIO: xl2tpd closed the master (the call ended)
                         gone = True
                     if gone:
                         # else epoll reports it readable for ever: a busy loop
-                        del self._fds[k.data]
-                        self._close(k.fd)
-                        log.info("pty of %s closed by xl2tpd: released", _name(k.data))
+                        del self._fds[key]
+                        self._close(fd)
+                        log.info("pty of %s closed by xl2tpd: released", _name(key))

@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import selectors
 import socket
 import struct
 import threading
@@ -34,6 +33,7 @@ import time
 from typing import Any, Optional
 
 from .. import defaults, netns as _netns
+from ..poller import Poller
 
 log = logging.getLogger("pipexctl.serve")
 
@@ -125,9 +125,9 @@ class Relay:
                 self.raw = None  # no CAP_NET_RAW: a twin's SCCRQ cannot keep its source
                 log.warning("relay: no raw socket (CAP_NET_RAW); an SCCRQ from the peer of an offloaded tunnel "
                             "will not reach xl2tpd until that tunnel ends")
-        self.sel = selectors.DefaultSelector()  # epoll: no fd-number limit
+        self.sel: Poller[Optional[socket.socket]] = Poller()  # epoll: no fd-number limit
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self.sel.register(self._wake_r, None)
         self._lock = threading.Lock()
         # (op, our copy of the socket to add or the event a detach waits on, the socket's identity)
         self._pending: list[tuple[str, Any, int]] = []
@@ -183,7 +183,7 @@ class Relay:
                 obj.setblocking(False)
                 # the socket alone: its peer is read when a packet needs it (one
                 # tuple and two strings less per tunnel held)
-                self.sel.register(obj, selectors.EVENT_READ, obj)
+                self.sel.register(obj.fileno(), obj)
                 self._by_ident[ident] = obj
             else:
                 obj.set()
@@ -193,21 +193,21 @@ class Relay:
         # the same with 10,000 tunnels relayed
         sock = self._by_ident.pop(ident, None)
         if sock is not None:
-            self.sel.unregister(sock)
+            self.sel.unregister(sock.fileno())
             sock.close()
 
     def _run(self) -> None:
         while not self._stop:
             try:
                 self._apply_pending()
-                for k, _ in self.sel.select(5):
-                    if k.data is None:
+                for _fd, sock in self.sel.select(5):
+                    if sock is None:
                         try:
                             os.read(self._wake_r, 4096)
                         except BlockingIOError:
                             pass
                         continue
-                    self._drain(k.data)
+                    self._drain(sock)
             except Exception:  # the tunnels' control depends on this thread: never let it die
                 self.errors += 1
                 log.exception("relay: unexpected error; relaying on")

@@ -14,10 +14,15 @@ drift falls on all alike:
   loaded (pydantic.fields imports pydantic.types, which imports secrets,
   hmac and hashlib).
 
+``--fds N`` measures instead what one fd in an epoll set costs, N UDP
+sockets registered in a ``selectors`` selector and in ``pipexctl.poller``
+(tracemalloc, bytes per fd).
+
 Not a test: it asserts nothing.  bench/holdcalls.py measures the same
 daemon holding real kernel calls in the guest.
 
     .venv/bin/python bench/servemem.py --calls 10000 --rounds 2
+    .venv/bin/python bench/servemem.py --fds 5000
 """
 
 from __future__ import annotations
@@ -71,6 +76,38 @@ def child(variant: str, calls: int, log: str) -> dict:
     return out
 
 
+def per_fd(n: int) -> dict:
+    """Bytes per registered fd: a selector's key and map entry against the poller's dict entry."""
+    import resource
+    import selectors
+    import socket
+    import tracemalloc
+
+    from pipexctl.poller import Poller
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, n + 100)), hard))
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    out = {}
+    try:
+        for name, make in (("selectors", selectors.DefaultSelector), ("poller", Poller)):
+            datas = [100000 + i for i in range(n)]  # the value each fd carries (a pid), made before the count
+            tracemalloc.start()
+            sel = make()
+            for s, d in zip(socks, datas):
+                if name == "selectors":
+                    sel.register(s.fileno(), selectors.EVENT_READ, d)
+                else:
+                    sel.register(s.fileno(), d)
+            out[name] = round(tracemalloc.get_traced_memory()[0] / n, 1)
+            tracemalloc.stop()
+            sel.close()
+    finally:
+        for s in socks:
+            s.close()
+    return {"fds": n, "bytes_per_fd": out}
+
+
 def _mapped(name: str) -> bool:
     with open("/proc/self/maps") as f:
         return any(name in ln for ln in f)
@@ -81,10 +118,14 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=10000, help="calls in discovery's model (0: imports only)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", help="write the rows here as JSON")
+    p.add_argument("--fds", type=int, default=0, help="measure an epoll set's cost per fd instead, with this many")
     p.add_argument("--child", nargs=3, metavar=("VARIANT", "CALLS", "LOG"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         print(json.dumps(child(a.child[0], int(a.child[1]), a.child[2])))
+        return 0
+    if a.fds:
+        print(json.dumps(per_fd(a.fds)))
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
     from holdcalls import write_xl2tpd_log

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loginstorm import pppol2tp_sessions  # noqa: E402
 
-from pipexctl.testing.lab import Lab, fd_kinds, kernel_objects, plugin_options, xl2tpd_pid  # noqa: E402
+from pipexctl.testing.lab import Lab, fd_kinds, kernel_objects, plugin_options, pty_fds, xl2tpd_pid  # noqa: E402
 from pipexctl.testing.probe import cpu_jiffies, memory_kib, ppp_peer_addrs, process_jiffies  # noqa: E402
 
 METRICS_PORT = 9479
@@ -50,12 +50,14 @@ def proc_facts(pid: int) -> dict:
 
 
 def pppds_on_pty(lab: Lab) -> int:
+    # the lab's rule: the one close-on-exec copy the plugin keeps of the pty
+    # it gave the daemon (the way back for a move) is not a call on its pty
     n = 0
     for pid in lab.pppds(lab.lns):
         try:
-            if any(os.readlink(f"/proc/{pid}/fd/{f}").startswith("/dev/pts/") for f in os.listdir(f"/proc/{pid}/fd")):
+            if pty_fds(pid):
                 n += 1
-        except OSError:
+        except OSError:  # exited meanwhile
             pass
     return n
 

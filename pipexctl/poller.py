@@ -2,9 +2,10 @@
 one fd per call held (a pppd's pidfd, a tunnel's socket, a pty).
 
 Written by hand, not ``selectors``: a selector keeps a ``SelectorKey`` and
-its map entry per fd, 142 bytes on the host against 62 for the dict entry
-kept here, and serve holds up to three such fds per call (docs/offload.md,
-"The daemon's memory").  It is level-triggered, as ``selectors`` is."""
+its map entry per fd, 140 bytes on the host against 60 for the dict entry
+kept here (``bench/servemem.py --fds``), and serve holds up to three such
+fds per call (docs/offload.md, "Smaller records, no OpenSSL, a bare
+epoll").  It is level-triggered, as ``selectors`` is."""
 
 from __future__ import annotations
 

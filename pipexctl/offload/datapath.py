@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import socket
 import subprocess
+import sys
 import time
 from typing import Optional, Protocol
 
@@ -73,7 +74,7 @@ def _route_source(peer: str, peer_port: int) -> str:
     try:
         probe.connect((peer, peer_port))
         host: str = probe.getsockname()[0]  # AF_INET: (host, port)
-        return host
+        return sys.intern(host)  # a box has a handful of local addresses: one string each, not one per tunnel
     except OSError as e:
         raise errors.SocketError(f"no route to {peer}: {e.strerror}") from None
     finally:

@@ -47,9 +47,9 @@ from pathlib import Path
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipexctl.entry import without_openssl  # noqa: E402
+from pipexctl.entry import lean  # noqa: E402
 
-without_openssl()  # before anything imports hashlib, as the pipexctl command starts
+lean()  # before anything imports hashlib or pydantic, as the pipexctl command starts
 
 from controlplane import Floor, nlmod, rcu_expedited  # noqa: E402
 from farm import call_lines, pppd_farm  # noqa: E402

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 
 from .. import defaults, errors
 from ..discovery.state import CallIds, CallInfo
-from ..indexed import Indexed
+from ..indexed import Indexed, SmallIndexed
 from ..kernel.backend import KernelBackend, PPPChannel
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from ..orchestrator import Orchestrator, Transaction
@@ -102,9 +102,10 @@ def _sched() -> tuple[float, float]:
     return time.thread_time(), 0.0
 
 
-class Records(Indexed[int, SessionRecord]):
-    """A tunnel's offloaded sessions by call id; every change becomes a line
-    of the state file's journal (its table's, once in one)."""
+class Records(SmallIndexed[int, SessionRecord]):
+    """A tunnel's offloaded sessions by call id (most tunnels carry one);
+    every change becomes a line of the state file's journal (its table's,
+    once in one)."""
 
     __slots__ = ("_table", "_key")  # one per tunnel held: no __dict__
 

@@ -1,0 +1,97 @@
+"""pipexctl/indexed.py: both maps keep what is beside their items up to date
+through every change they allow, and refuse every other change."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+
+from pipexctl.indexed import Indexed, SmallIndexed
+
+
+def _logging(base: type) -> type:
+    class Logged(base):  # type: ignore[misc, valid-type]
+        __slots__ = ("log",)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list[tuple[str, object, object]] = []
+
+        def _added(self, key: object, value: object) -> None:
+            self.log.append(("+", key, value))
+
+        def _removed(self, key: object, value: object) -> None:
+            self.log.append(("-", key, value))
+
+    return Logged
+
+
+@pytest.fixture(params=[Indexed, SmallIndexed], ids=["Indexed", "SmallIndexed"])
+def m(request):
+    return _logging(request.param)()
+
+
+def test_every_allowed_change_is_told_in_order(m):
+    m[1] = "a"
+    m[1] = "b"  # replaced: the old item's removal first
+    m[2] = "c"  # a second item (SmallIndexed: its dict is made)
+    m[3] = "d"
+    del m[2]
+    assert m.pop(3) == "d" and m.pop(3, None) is None
+    m[4] = "e"
+    m.clear()
+    assert m.log == [("+", 1, "a"), ("-", 1, "a"), ("+", 1, "b"), ("+", 2, "c"), ("+", 3, "d"),
+                     ("-", 2, "c"), ("-", 3, "d"), ("+", 4, "e"), ("-", 1, "b"), ("-", 4, "e")]
+    assert len(m) == 0 and not m and list(m) == []
+
+
+def test_it_reads_as_a_dict_of_the_same_items_through_every_size(m):
+    want: dict[int, str] = {}
+    steps = [("set", 1), ("set", 2), ("set", 3), ("del", 1), ("del", 3), ("set", 5), ("del", 2), ("del", 5),
+             ("set", 7), ("set", 7)]
+    for op, k in steps:
+        if op == "set":
+            m[k] = want[k] = f"v{k}"
+        else:
+            del m[k]
+            del want[k]
+        assert dict(m.items()) == want and len(m) == len(want) and sorted(m) == sorted(want)
+        assert sorted(m.values()) == sorted(want.values()) and m == want
+        for probe in (1, 2, 3, 5, 7, 9):
+            assert (probe in m) == (probe in want) and m.get(probe) == want.get(probe)
+    with pytest.raises(KeyError):
+        m[9]
+    with pytest.raises(KeyError):
+        del m[9]
+    with pytest.raises(KeyError):
+        m.pop(9)
+    assert m.log[-2:] == [("-", 7, "v7"), ("+", 7, "v7")]
+
+
+def test_a_key_equal_but_not_identical_is_the_same_key(m):
+    m[1] = "a"
+    m[1.0] = "b"  # 1 == 1.0, as a dict has it
+    assert len(m) == 1 and m[1] == "b" and [type(k) for k in m] == [int]  # the first key stays
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: m.update({2: "x"}), lambda m: m.setdefault(2, "x"), lambda m: m.popitem(),
+    lambda m: m.__ior__({2: "x"}), lambda m: copy.copy(m), lambda m: copy.deepcopy(m), lambda m: pickle.dumps(m)])
+def test_every_other_change_or_copy_is_refused(m, change):
+    m[1] = "a"
+    with pytest.raises(TypeError, match="change it by set, pop, del or clear only"):
+        change(m)
+    assert dict(m.items()) == {1: "a"} and m.log == [("+", 1, "a")]
+
+
+def test_small_indexed_has_no_dict_of_its_own_until_a_second_item():
+    m = _logging(SmallIndexed)()
+    assert not hasattr(m, "__dict__")
+    m[1] = "a"
+    assert m._more is None
+    m[2] = "b"
+    assert m._more == {1: "a", 2: "b"}
+    del m[1]
+    assert m._more is None and (m._k, m._v) == (2, "b")

@@ -5,8 +5,10 @@ the heap trimmed as serve trims it).  Each variant runs in a fresh
 interpreter, the variants interleaved (``--rounds``), so the machine's
 drift falls on all alike:
 
-- ``as-is``: serve as it ships (its entry point keeps OpenSSL out,
-  ``pipexctl/entry.py``);
+- ``as-is``: serve as it ships (its entry point keeps OpenSSL and
+  pydantic's plugin loader out, ``pipexctl/entry.py``);
+- ``with-plugin-loader``: as it shipped until 2026-12-07's second change,
+  pydantic's plugin loader imported (and importlib.metadata with it);
 - ``defer-build``: pydantic builds each model on its first use instead of
   at import (``defer_build`` for every model), the question being whether
   serve uses so few of them that the rest never get built;
@@ -16,13 +18,15 @@ drift falls on all alike:
 
 ``--fds N`` measures instead what one fd in an epoll set costs, N UDP
 sockets registered in a ``selectors`` selector and in ``pipexctl.poller``
-(tracemalloc, bytes per fd).
+(tracemalloc, bytes per fd).  ``--maps N`` measures what a tunnel's map
+of sessions costs when it holds one, as a dict and as ``SmallIndexed``.
 
 Not a test: it asserts nothing.  bench/holdcalls.py measures the same
 daemon holding real kernel calls in the guest.
 
     .venv/bin/python bench/servemem.py --calls 10000 --rounds 2
     .venv/bin/python bench/servemem.py --fds 5000
+    .venv/bin/python bench/servemem.py --maps 10000
 """
 
 from __future__ import annotations
@@ -36,15 +40,17 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("as-is", "defer-build", "with-openssl")
+VARIANTS = ("as-is", "defer-build", "with-plugin-loader", "with-openssl")
 
 
 def child(variant: str, calls: int, log: str) -> dict:
     """In a fresh interpreter: import what serve imports, then read the log."""
-    if variant != "with-openssl":
-        from pipexctl.entry import without_openssl
+    from pipexctl import entry
 
-        without_openssl()
+    if variant in ("as-is", "defer-build"):
+        entry.lean()
+    elif variant == "with-plugin-loader":
+        entry.without_openssl()
     if variant == "defer-build":
         from pydantic._internal import _config
 
@@ -64,7 +70,8 @@ def child(variant: str, calls: int, log: str) -> dict:
 
     gc.collect()
     malloc.trim()
-    out: dict = {"variant": variant, "imported": mib(), "libcrypto": _mapped("libcrypto")}
+    out: dict = {"variant": variant, "imported": mib(), "libcrypto": _mapped("libcrypto"),
+                 "importlib_metadata": "importlib.metadata" in sys.modules}
     if calls:
         w = CallWatch(Discovery([log], proc=False, kernel=False))
         w.first_read()
@@ -108,6 +115,28 @@ def per_fd(n: int) -> dict:
     return {"fds": n, "bytes_per_fd": out}
 
 
+def per_map(n: int) -> dict:
+    """Bytes per tunnel's map of sessions holding one (most tunnels carry one
+    call): a dict (``Indexed``, as the tunnels' ``Records`` were until
+    2026-12-07's third change) against ``SmallIndexed``."""
+    import tracemalloc
+
+    from pipexctl.indexed import Indexed, SmallIndexed
+
+    out = {}
+    for cls in (Indexed, SmallIndexed):
+        keys = [1000 + i for i in range(n)]  # the call ids and the records, made before the count
+        recs = [object() for _ in range(n)]
+        tracemalloc.start()
+        maps = [cls() for _ in range(n)]
+        for m, k, r in zip(maps, keys, recs):
+            m[k] = r
+        out[cls.__name__] = round(tracemalloc.get_traced_memory()[0] / n, 1)
+        tracemalloc.stop()
+        del maps
+    return {"maps": n, "bytes_per_map_of_one": out}
+
+
 def _mapped(name: str) -> bool:
     with open("/proc/self/maps") as f:
         return any(name in ln for ln in f)
@@ -119,6 +148,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", help="write the rows here as JSON")
     p.add_argument("--fds", type=int, default=0, help="measure an epoll set's cost per fd instead, with this many")
+    p.add_argument("--maps", type=int, default=0,
+                   help="measure a tunnel's map of sessions (one each) instead, with this many")
     p.add_argument("--child", nargs=3, metavar=("VARIANT", "CALLS", "LOG"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -126,6 +157,9 @@ def main() -> int:
         return 0
     if a.fds:
         print(json.dumps(per_fd(a.fds)))
+        return 0
+    if a.maps:
+        print(json.dumps(per_map(a.maps)))
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
     from holdcalls import write_xl2tpd_log

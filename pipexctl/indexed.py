@@ -11,7 +11,7 @@ many small maps of a daemon (one per tunnel), in less memory."""
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from typing import Any, Generic, Optional, TypeVar
+from typing import Any, Generic, TypeVar, Union
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -52,25 +52,26 @@ class Indexed(dict[K, V]):
             del self[key]
 
 
-_EMPTY: Any = object()  # no key: SmallIndexed holds nothing in its slots
-
-
 class SmallIndexed(MutableMapping[K, V], Generic[K, V]):
     """Indexed's contract (set, pop, del and clear keep what is beside the
     items up to date; nothing else may change it) for a map that nearly
     always holds one item: a tunnel's sessions, one for each remote-access
-    client's tunnel.  The one item is kept in two slots and a dict is made
-    only for a second: 64 bytes for the map against 232 for a dict of one
-    (a daemon holds one per tunnel; bench/servemem.py --maps)."""
+    client's tunnel.  The one item is kept as a (key, value) pair and a dict
+    is made only for a second: 104 bytes with one item against 232 for a
+    dict (a daemon holds one per tunnel; bench/servemem.py --maps).
 
-    __slots__ = ("_k", "_v", "_more")
+    Its whole content is one attribute, replaced whole or (a dict) changed
+    in place, and its keys are iterated from a copy, so that a reader
+    without the writer's lock that copies the keys (a metrics scrape does)
+    sees them as they were before or after a change, as with a dict."""
+
+    __slots__ = ("_items",)
 
     update = setdefault = popitem = __ior__ = __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = _refused
 
     def __init__(self) -> None:
-        self._k: Any = _EMPTY
-        self._v: Any = None
-        self._more: Optional[dict[K, V]] = None
+        # None: empty; (key, value): one item; a dict: two or more
+        self._items: Union[None, tuple[K, V], dict[K, V]] = None
 
     def _added(self, key: K, value: V) -> None:
         """``value`` is now the item at ``key``."""
@@ -79,52 +80,58 @@ class SmallIndexed(MutableMapping[K, V], Generic[K, V]):
         """``value`` is no longer the item at ``key``."""
 
     def __len__(self) -> int:
-        if self._more is not None:
-            return len(self._more)
-        return 0 if self._k is _EMPTY else 1
+        items = self._items
+        return 0 if items is None else len(items) if isinstance(items, dict) else 1
 
     def __iter__(self) -> Iterator[K]:
-        if self._more is not None:
-            return iter(self._more)
-        return iter(()) if self._k is _EMPTY else iter((self._k,))
+        items = self._items
+        if items is None:
+            return iter(())
+        if isinstance(items, dict):
+            # a copy of the keys (one step for a dict): list(self) asks len()
+            # in Python after this, so a dict's own iterator could see a change
+            return iter(list(items))
+        return iter((items[0],))
 
     def __contains__(self, key: object) -> bool:
-        if self._more is not None:
-            return key in self._more
-        return self._k is not _EMPTY and self._k == key
+        items = self._items
+        if items is None:
+            return False
+        if isinstance(items, dict):
+            return key in items
+        return bool(items[0] == key)
 
     def __getitem__(self, key: K) -> V:
-        if self._more is not None:
-            return self._more[key]
-        if self._k is not _EMPTY and self._k == key:
-            v: V = self._v
-            return v
+        items = self._items
+        if isinstance(items, dict):
+            return items[key]
+        if items is not None and items[0] == key:
+            return items[1]
         raise KeyError(key)
 
     def __setitem__(self, key: K, value: V) -> None:
         if key in self:
             self._removed(key, self[key])
-        if self._more is not None:
-            self._more[key] = value
-        elif self._k is _EMPTY:
-            self._k, self._v = key, value
-        elif self._k == key:
-            self._v = value  # the key first set stays, as in a dict
+        items = self._items
+        if items is None:
+            self._items = (key, value)
+        elif isinstance(items, dict):
+            items[key] = value
         else:
-            self._more = {self._k: self._v, key: value}
-            self._k, self._v = _EMPTY, None
+            # the key first set stays, as in a dict
+            self._items = (items[0], value) if items[0] == key else {items[0]: items[1], key: value}
         self._added(key, value)
 
     def __delitem__(self, key: K) -> None:
         value = self[key]
         self._removed(key, value)
-        if self._more is None:
-            self._k, self._v = _EMPTY, None
+        items = self._items
+        if not isinstance(items, dict):
+            self._items = None
             return
-        del self._more[key]
-        if len(self._more) == 1:  # back to one: the dict goes
-            ((self._k, self._v),) = self._more.items()
-            self._more = None
+        del items[key]
+        if len(items) == 1:  # back to one: the dict goes
+            self._items = next(iter(items.items()))
 
     def pop(self, key: K, *default: Any) -> Any:
         if key in self:

@@ -90,8 +90,48 @@ def test_small_indexed_has_no_dict_of_its_own_until_a_second_item():
     m = _logging(SmallIndexed)()
     assert not hasattr(m, "__dict__")
     m[1] = "a"
-    assert m._more is None
+    assert m._items == (1, "a")
     m[2] = "b"
-    assert m._more == {1: "a", 2: "b"}
+    assert m._items == {1: "a", 2: "b"}
     del m[1]
-    assert m._more is None and (m._k, m._v) == (2, "b")
+    assert m._items == (2, "b")
+    del m[2]
+    assert m._items is None
+
+
+def test_small_indexed_reads_whole_states_only_while_another_thread_changes_it():
+    """metrics() copies a tunnel's keys without the service's lock: every
+    copy must be a state the map was in (never a sentinel, never a key
+    missing while the others are there), as a dict's copy would be."""
+    import sys
+    import threading
+
+    m = SmallIndexed()
+    states = ([], [1], [1, 2], [1, 2, 3], [1, 3], [3])
+    stop = threading.Event()
+    seen: set[tuple[int, ...]] = set()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                seen.add(tuple(sorted(list(m))))
+            except Exception as e:  # a dict's iterator changed under it, say
+                seen.add(("raised", type(e).__name__))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for _ in range(30000):
+            m[1] = "a"
+            m[2] = "b"
+            m[3] = "c"
+            del m[2]
+            del m[1]
+            del m[3]
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+    assert seen <= {tuple(s) for s in states}, seen - {tuple(s) for s in states}

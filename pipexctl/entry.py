@@ -26,7 +26,8 @@ def without_pydantic_plugins() -> None:
     imports importlib.metadata (and with it email, zipfile, csv...) and reads
     every installed package's entry points when the first model is built.
     The command uses no pydantic plugin.  tests/unit/test_entry.py checks
-    that the installed pydantic still asks this module, and this name only."""
+    that the installed pydantic still asks this module's get_plugins and
+    builds and validates models with the stand-in."""
     loader = types.ModuleType("pydantic.plugin._loader", "pipexctl: no pydantic plugins in this process")
     loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
     sys.modules.setdefault("pydantic.plugin._loader", loader)

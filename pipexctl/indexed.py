@@ -22,7 +22,10 @@ def _refused(self: object, *a: Any, **k: Any) -> Any:
                     "(what it keeps beside its items would go out of step)")
 
 
-class Indexed(dict[K, V]):
+class _Contract(Generic[K, V]):
+    """What both maps share: the hooks, clear() through del, and the
+    changes and copies refused."""
+
     __slots__ = ()  # a subclass with slots of its own then has no __dict__
     update = setdefault = popitem = __ior__ = __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = _refused
 
@@ -31,6 +34,14 @@ class Indexed(dict[K, V]):
 
     def _removed(self, key: K, value: V) -> None:
         """``value`` is no longer the item at ``key``."""
+
+    def clear(self) -> None:
+        for key in list(self):  # type: ignore[call-overload]  # the map's own keys
+            del self[key]  # type: ignore[attr-defined]
+
+
+class Indexed(_Contract[K, V], dict[K, V]):
+    __slots__ = ()
 
     def __setitem__(self, key: K, value: V) -> None:
         if key in self:
@@ -47,12 +58,8 @@ class Indexed(dict[K, V]):
             self._removed(key, self[key])
         return super().pop(key, *default)
 
-    def clear(self) -> None:
-        for key in list(self):
-            del self[key]
 
-
-class SmallIndexed(MutableMapping[K, V], Generic[K, V]):
+class SmallIndexed(_Contract[K, V], MutableMapping[K, V]):
     """Indexed's contract (set, pop, del and clear keep what is beside the
     items up to date; nothing else may change it) for a map that nearly
     always holds one item: a tunnel's sessions, one for each remote-access
@@ -67,17 +74,9 @@ class SmallIndexed(MutableMapping[K, V], Generic[K, V]):
 
     __slots__ = ("_items",)
 
-    update = setdefault = popitem = __ior__ = __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = _refused
-
     def __init__(self) -> None:
         # None: empty; (key, value): one item; a dict: two or more
         self._items: Union[None, tuple[K, V], dict[K, V]] = None
-
-    def _added(self, key: K, value: V) -> None:
-        """``value`` is now the item at ``key``."""
-
-    def _removed(self, key: K, value: V) -> None:
-        """``value`` is no longer the item at ``key``."""
 
     def __len__(self) -> int:
         items = self._items
@@ -133,18 +132,7 @@ class SmallIndexed(MutableMapping[K, V], Generic[K, V]):
         if len(items) == 1:  # back to one: the dict goes
             self._items = next(iter(items.items()))
 
-    def pop(self, key: K, *default: Any) -> Any:
-        if key in self:
-            value = self[key]
-            del self[key]
-            return value
-        if default:
-            return default[0]
-        raise KeyError(key)
-
-    def clear(self) -> None:
-        for key in list(self):
-            del self[key]
+    # pop(): MutableMapping's, through __getitem__ and __delitem__
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(self.items())!r})"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# a process that starts as the pipexctl command does (its entry point, then the CLI)
+COMMAND_START = ("import sys\nsys.argv = ['pipexctl', 'serve', '--help']\nfrom pipexctl.entry import main\n"
+                 "try:\n    main()\nexcept SystemExit:\n    pass\n")
+
 
 def test_the_command_never_loads_openssl_and_its_hashes_still_work(tmp_path):
     """pipexctl/entry.py keeps libcrypto out of the command's process (3.5 MiB
@@ -19,10 +23,8 @@ def test_the_command_never_loads_openssl_and_its_hashes_still_work(tmp_path):
              f"fd = os.open({str(tmp_path / 'f')!r}, os.O_RDONLY)\n"
              "print(checkpoint.file_tail(fd, 100))\n"
              "print(any('libcrypto' in ln for ln in open('/proc/self/maps')))\n")
-    entry = ("import sys\nsys.argv = ['pipexctl', 'serve', '--help']\nfrom pipexctl.entry import main\n"
-             "try:\n    main()\nexcept SystemExit:\n    pass\n")
     want = hashlib.sha256(b"x" * 100).hexdigest()
-    for code, mapped in ((entry + probe, "False"), (probe, "True")):
+    for code, mapped in ((COMMAND_START + probe, "False"), (probe, "True")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert out.splitlines()[-2:] == [want, mapped], out[-500:]
 
@@ -45,7 +47,6 @@ def test_the_command_leaves_out_pydantics_plugin_loader_and_pydantic_still_asks_
              "if loader is not None:\n"
              "    loader.get_plugins = lambda: asked.append(1) or ()\n"
              "import pipexctl.offload.server, pipexctl.cli, pipexctl.discovery.discovery\n"
-             "from pipexctl.offload.protocol import parse_request\n"
              "from pydantic import BaseModel\n"
              "class Late(BaseModel):\n"
              "    x: int\n"
@@ -55,8 +56,6 @@ def test_the_command_leaves_out_pydantics_plugin_loader_and_pydantic_still_asks_
              "except Exception as e:\n"
              "    print(type(e).__name__)\n"
              "print(loader is not None and len(asked) > 0, 'importlib.metadata' in sys.modules)\n")
-    entry = ("import sys\nsys.argv = ['pipexctl', 'serve', '--help']\nfrom pipexctl.entry import main\n"
-             "try:\n    main()\nexcept SystemExit:\n    pass\n")
-    for code, want in ((entry + probe, "True False"), (probe, "False True")):
+    for code, want in ((COMMAND_START + probe, "True False"), (probe, "False True")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert out.splitlines()[-2:] == ["ValidationError", want], out[-500:]

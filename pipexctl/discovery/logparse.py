@@ -32,6 +32,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
 
+from ..defaults import L2TP_PORT
+
 if TYPE_CHECKING:
     from .checkpoint import ParserState
 
@@ -226,9 +228,10 @@ def _pattern(prefix: str, regex: str) -> Callable[[Handler], Handler]:
 
 
 def _addr(text: str) -> str:
-    # interned: every call of a tunnel names the same peer (one string, not
-    # one per tracked call)
-    return sys.intern(str(ipaddress.ip_address(text)))
+    # not interned: a remote-access LNS has a peer per tunnel, and the
+    # interpreter's table of them would cost more than the strings; a call
+    # shares its tunnel's string instead (Tracker._on_call_established)
+    return str(ipaddress.ip_address(text))
 
 
 def _section(name: Optional[str]) -> Optional[str]:
@@ -241,6 +244,12 @@ def _id(text: str, what: str, top: int = 0xFFFF) -> int:
     if not 0 <= v <= top:
         raise ValueError(f"{what} {v} out of range")
     return v
+
+
+def _port(text: str) -> int:
+    v = _id(text, "port")
+    # L2TP's own port, the one most tunnels name: one int object for all of them
+    return L2TP_PORT if v == L2TP_PORT else v
 
 
 @_pattern("xl2tpd version ", r"xl2tpd version (?P<v>\S{1,64}) started on .{0,255} PID:(?P<pid>\d{1,10})$")
@@ -270,12 +279,12 @@ def _kernel_mode_unsupported(m: re.Match[str], pid: Optional[int]) -> KernelSupp
 
 @_pattern("Listening on IP address ", r"Listening on IP address (?P<a>[0-9a-fA-F:.]{2,45}), port (?P<port>\d{1,5})$")
 def _listening(m: re.Match[str], pid: Optional[int]) -> Listening:
-    return Listening(_addr(m["a"]), _id(m["port"], "port"), pid=pid)
+    return Listening(_addr(m["a"]), _port(m["port"]), pid=pid)
 
 
 @_pattern("Connecting to host ", rf"Connecting to host {IP}, port (?P<port>\d{{1,5}})$")
 def _connecting(m: re.Match[str], pid: Optional[int]) -> Connecting:
-    return Connecting(_addr(m["peer"]), _id(m["port"], "port"), pid=pid)
+    return Connecting(_addr(m["peer"]), _port(m["port"]), pid=pid)
 
 
 @_pattern(
@@ -285,7 +294,7 @@ def _connecting(m: re.Match[str], pid: Optional[int]) -> Connecting:
 )
 def _tun_est(m: re.Match[str], pid: Optional[int]) -> TunnelEstablished:
     return TunnelEstablished(
-        _addr(m["peer"]), _id(m["port"], "port"), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"),
+        _addr(m["peer"]), _port(m["port"]), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"),
         _section(m["sect"]), pid=pid,
     )
 
@@ -404,7 +413,7 @@ def _death(m: re.Match[str], pid: Optional[int]) -> DaemonExiting:
 )
 def _st_tunnel(m: re.Match[str], pid: Optional[int]) -> StatusTunnel:
     return StatusTunnel(sys.intern(m["sect"]), _id(m["l"], "tunnel id"), _id(m["r"], "peer tunnel id"), _addr(m["peer"]),
-                        _id(m["port"], "port"), pid=pid)
+                        _port(m["port"]), pid=pid)
 
 
 @_pattern(

@@ -226,9 +226,10 @@ class Calls(Indexed[CallKey, CallInfo]):
 
     def __init__(self, calls: Sequence[CallInfo] = ()) -> None:
         super().__init__()
-        # a pppd has one call but for a forged or reused line: a tuple of
-        # its calls' keys, not a set (56 bytes against 216, per call tracked)
-        self.by_pppd: dict[int, tuple[CallKey, ...]] = {}
+        # a pppd has one call but for a forged or reused line: its call's
+        # key, or a tuple of its calls' keys from the second on (a tuple of
+        # one would cost 56 bytes per call tracked, a set 216)
+        self.by_pppd: dict[int, Union[CallKey, tuple[CallKey, ...]]] = {}
         self.no_pppd: set[CallKey] = set()
         # pppd pid -> when a call first named it (monotonic), until a /proc
         # scan begun after that has judged it (forget_named)
@@ -245,16 +246,22 @@ class Calls(Indexed[CallKey, CallInfo]):
     def _removed(self, key: CallKey, c: CallInfo) -> None:
         self.no_pppd.discard(key)
         if c.pppd_pid is not None:
-            keys = tuple(k for k in self.by_pppd.get(c.pppd_pid, ()) if k != key)
-            if keys:
+            keys = tuple(k for k in self._keys_of(c.pppd_pid) if k != key)
+            if len(keys) > 1:
                 self.by_pppd[c.pppd_pid] = keys
+            elif keys:
+                self.by_pppd[c.pppd_pid] = keys[0]
             else:
                 self.by_pppd.pop(c.pppd_pid, None)
 
+    def _keys_of(self, pid: int) -> tuple[CallKey, ...]:
+        v = self.by_pppd.get(pid, ())
+        return (v,) if isinstance(v, CallKey) else v
+
     def _link(self, pid: int, key: CallKey) -> None:
-        keys = self.by_pppd.get(pid, ())
+        keys = self._keys_of(pid)
         if key not in keys:
-            self.by_pppd[pid] = keys + (key,)
+            self.by_pppd[pid] = keys + (key,) if keys else key
             self.named.setdefault(pid, time.monotonic())
 
     def pppd_known(self, c: CallInfo) -> None:
@@ -274,7 +281,7 @@ class Calls(Indexed[CallKey, CallInfo]):
             self.named = {p: t for p, t in self.named.items() if t >= before}
 
     def of_pppd(self, pid: int) -> list[CallInfo]:
-        return [self[k] for k in self.by_pppd.get(pid, ())]
+        return [self[k] for k in self._keys_of(pid)]
 
     def without_pppd(self) -> list[CallInfo]:
         return [self[k] for k in self.no_pppd]
@@ -597,6 +604,10 @@ class Tracker:
         if tid is None:
             tid = self._tunnel_for_call(ins, rec.peer)
         t = ins.tunnel_to(tid, rec.peer) if tid is not None else None
+        if t is not None and t.peer == rec.peer:
+            # the tunnel's copy of the address: the call's own (and a table
+            # of every address seen) would cost a string per call
+            rec = dataclasses.replace(rec, peer=t.peer)
         key = CallKey(rec.peer, rec.call_id)
         old = ins.calls.get(key)
         ev = []

@@ -4,6 +4,8 @@ written here."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from pipexctl.discovery import logparse as lp
@@ -372,3 +374,16 @@ def test_two_calls_with_one_id_on_two_tunnels_to_one_address_keep_the_later_and_
     t, ev = events("x", lines)
     assert [(c.tunnel_id, c.pppd_pid) for c in t.calls()] == [(102, 502)], (ev, t.calls())
     assert any("two tunnels to 10.99.1.2 (101 and 102)" in n for n in t.notes), t.notes
+
+
+def test_a_call_keeps_its_tunnels_copy_of_the_peer_address():
+    """Serve tracks one call per remote-access tunnel: the call and its key
+    share the tunnel's string for the address (one per tunnel, not one per
+    record, and no table of every address seen)."""
+    t, _ = events("lns", (DATA / "lns-userspace.log").read_text().splitlines()[:40])
+    ins = t.inst("lns")
+    c = t.calls()[0]
+    tun = ins.tunnels[c.tunnel_id]
+    key = next(k for k in ins.calls if ins.calls[k] is c)
+    assert c.peer == tun.peer and c.peer is tun.peer and key.peer is tun.peer
+    assert sys.intern("".join(list(c.peer))) is not c.peer  # not in the interpreter's table

@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .. import defaults, errors
 from ..discovery.state import CallIds, CallInfo
@@ -171,8 +171,8 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
     steps as there are tunnels is kept up to date as they change, so an
     offload costs the same with 10 or 10,000 calls held: the state file's
     journal lines of the changes not yet snapshotted, the count of tunnels
-    and sessions it describes, and the count of tunnels per address pair
-    (the twin test)."""
+    and sessions it describes, and the tunnels by peer address (the twin
+    test)."""
 
     __slots__ = ("_lines", "_described", "_on")
 
@@ -180,14 +180,27 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
         super().__init__()
         self._lines: list[bytes] = []
         self._described = 0
-        self._on: collections.Counter[Addresses] = collections.Counter()
+        # peer address -> its tunnel, or a list of them from the second on:
+        # keyed by the tunnel's own string, where a key of all four addresses
+        # would cost a tuple per tunnel held, for the rare twin
+        self._on: dict[str, Union[TunnelState, list[TunnelState]]] = {}
 
     @staticmethod
     def _addresses(ts: TunnelState) -> Addresses:
         return (ts.local, ts.peer, ts.peer_port, ts.local_port)
 
+    def _to_peer(self, peer: str) -> list[TunnelState]:
+        v = self._on.get(peer)
+        return [] if v is None else v if isinstance(v, list) else [v]
+
     def _added(self, key: TunnelKey, ts: TunnelState) -> None:
-        self._on[self._addresses(ts)] += 1
+        v = self._on.get(ts.peer)
+        if v is None:
+            self._on[ts.peer] = ts
+        elif isinstance(v, list):
+            v.append(ts)
+        else:
+            self._on[ts.peer] = [v, ts]
         ts.records._table, ts.records._key = self, key
         # an adopted tunnel comes with its sessions
         self._lines.append(statefile.tunnel_line(ts))
@@ -196,10 +209,13 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
 
     def _removed(self, key: TunnelKey, ts: TunnelState) -> None:
         ts.records._table = ts.records._key = None
-        a = self._addresses(ts)
-        self._on[a] -= 1
-        if not self._on[a]:
-            del self._on[a]
+        rest = [t for t in self._to_peer(ts.peer) if t is not ts]
+        if len(rest) > 1:
+            self._on[ts.peer] = rest
+        elif rest:
+            self._on[ts.peer] = rest[0]
+        else:
+            self._on.pop(ts.peer, None)
         self._lines.append(statefile.drop_line(*key))
         self._described -= 1 + len(ts.records)
 
@@ -213,7 +229,7 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
 
     def on_addresses(self, addresses: Addresses) -> int:
         """How many tunnels have these addresses and ports."""
-        return self._on.get(addresses, 0)
+        return sum(self._addresses(t) == addresses for t in self._to_peer(addresses[1]))
 
     def journal(self) -> tuple[list[bytes], int]:
         """The journal lines of the changes since the last call, and how
@@ -467,8 +483,10 @@ class OffloadService(Endings):
         tx.create_tunnel(TunnelSpec(tunnel_id=ids.tunnel_id, peer_tunnel_id=ids.peer_tunnel_id, version=2,
                                     fd=s.fileno()))
         key = (call.instance, ids.tunnel_id)
+        port = s.getsockname()[1]
+        port = self.xl2tpd_port if port == self.xl2tpd_port else port  # most tunnels': one int object for them all
         ts = self.tunnels[key] = TunnelState(call.instance, ids.tunnel_id, ids.peer_tunnel_id, local, call.peer,
-                                             peer_port, s, s.getsockname()[1], xl2tpd_pid=xl2tpd_pid)
+                                             peer_port, s, port, xl2tpd_pid=xl2tpd_pid)
         tx.on_rollback(lambda: self.tunnels.pop(key, None))
         if xl2tpd_pid is not None:
             self.exits.watch(xl2tpd_pid)

@@ -61,7 +61,7 @@ from pipexctl.offload import malloc  # noqa: E402
 from pipexctl.offload.datapath import KernelDataPath  # noqa: E402
 from pipexctl.offload.service import OffloadService  # noqa: E402
 from pipexctl.offload.watch import CallWatch  # noqa: E402
-from pipexctl.testing.probe import memory_kib  # noqa: E402
+from pipexctl.testing.probe import memory_kib, pymalloc_mib  # noqa: E402
 
 FD_LIMIT = 65536  # the shipped unit's LimitNOFILE
 
@@ -190,6 +190,9 @@ def main() -> int:
         per = (rec["steps"][-1]["rss_mib"] - rec["service"]["rss_mib"]) * 1024 / rec["steps"][-1]["held"] \
             if rec["steps"] else None
         rec["kib_per_call"] = round(per, 2) if per is not None else None
+    if a.trim_every:  # all held, before any report, trimmed as serve's next round would
+        malloc.trim()
+        rec["held_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     t = time.monotonic()
     svc.status()
     rec["status_ms"] = round((time.monotonic() - t) * 1000, 1)
@@ -214,7 +217,7 @@ def main() -> int:
     rec["after_reports"] = rss_mib()
     if a.trim_every:
         malloc.trim()  # serve's next round, at most TRIM_EVERY after the reports
-        rec["after_reports_trimmed"] = rss_mib()
+        rec["after_reports_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     rec["trim_every_s"] = a.trim_every
     print(json.dumps({k: rec[k] for k in ("held", "kib_per_call", "status_ms", "metrics_ms", "dump_floor_ms",
                                           "metrics_sessions",

@@ -10,7 +10,10 @@ Such a dump is taken again, never parsed.
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -47,6 +50,32 @@ def memory_kib(pid: int | str = "self") -> dict[str, int]:
     with open(f"/proc/{pid}/status") as f:
         return {name: int(value.split()[0]) for name, _, value in (ln.partition(":") for ln in f)
                 if name.startswith(("Vm", "Rss")) or name == "Threads"}
+
+
+def pymalloc_mib() -> dict[str, float]:
+    """This process's small-object allocator (``sys._debugmallocstats``),
+    MiB: its arenas, the blocks in use in them, and the rest (free blocks
+    and pools that keep an arena from being returned; what a trim cannot
+    give back)."""
+    r, w = os.pipe()
+    saved = os.dup(2)
+    try:
+        os.dup2(w, 2)  # the report goes to C's stderr, not to sys.stderr
+        os.close(w)
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    text = b"".join(chunks).decode(errors="replace")
+    m = re.search(r"^(\d+) arenas \* (\d+) bytes/arena", text, re.M)
+    u = re.search(r"^# bytes in allocated blocks\s*=\s*([\d,]+)", text, re.M)
+    arenas = int(m[1]) * int(m[2]) / 2**20 if m else 0.0
+    used = int(u[1].replace(",", "")) / 2**20 if u else 0.0
+    return {"arenas_mib": round(arenas, 1), "in_use_mib": round(used, 1), "unused_mib": round(arenas - used, 1)}
 
 
 def ip_json(ns: str | None, *args: str, tries: int = 20) -> list[Any]:

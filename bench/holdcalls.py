@@ -197,6 +197,9 @@ def main() -> int:
     svc.status()
     rec["status_ms"] = round((time.monotonic() - t) * 1000, 1)
     rec["held_mem"] = rss_mib()
+    if a.trim_every:
+        malloc.trim()
+        rec["after_status_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     if a.trace:
         snap = tracemalloc.take_snapshot()
         rec["traced_mib"] = round(sum(st.size for st in snap.statistics("filename")) / 2**20, 1)

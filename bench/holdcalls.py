@@ -59,6 +59,7 @@ from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.kernel.backend import NetlinkBackend  # noqa: E402
 from pipexctl.offload import malloc  # noqa: E402
 from pipexctl.offload.datapath import KernelDataPath  # noqa: E402
+from pipexctl.offload.protocol import reply  # noqa: E402
 from pipexctl.offload.service import OffloadService  # noqa: E402
 from pipexctl.offload.watch import CallWatch  # noqa: E402
 from pipexctl.testing.probe import memory_kib, pymalloc_mib  # noqa: E402
@@ -194,7 +195,7 @@ def main() -> int:
         malloc.trim()
         rec["held_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     t = time.monotonic()
-    svc.status()
+    reply(True, **svc.status())  # the status op's answer, as serve encodes it
     rec["status_ms"] = round((time.monotonic() - t) * 1000, 1)
     rec["held_mem"] = rss_mib()
     if a.trim_every:
@@ -208,6 +209,7 @@ def main() -> int:
         tracemalloc.stop()
     t = time.monotonic()
     m = svc.metrics()
+    reply(True, **m)
     rec["metrics_ms"] = round((time.monotonic() - t) * 1000, 1)
     # the kernel's part of it: the same session dump, its answers read and not decoded
     assert backend.nl is not None

@@ -29,8 +29,13 @@ int main(int argc, char **argv) {
 """
 
 
-ARGV_LINES = ("start_pppd: I'm running: ", '"/usr/sbin/pppd" ', '"passive" ', '"nodetach" ', '"file" ',
-              '"/etc/ppp/options.xl2tpd" ', '"/dev/pts/1" ')
+def argv_lines(n: int) -> tuple[str, ...]:
+    """The pppd command line xl2tpd logs for LNS call ``n`` in userspace
+    mode, as it writes it: the call's own pty, and the addresses its ``ip
+    range`` gave the call (one pair per call)."""
+    return ("start_pppd: I'm running: ", '"/usr/sbin/pppd" ', f'"/dev/pts/{n + 1}" ', '"passive" ', '"nodetach" ',
+            f'"10.96.0.1:10.96.{1 + n // 250}.{1 + n % 250}" ', '"refuse-pap" ', '"name" ', '"lns" ', '"file" ',
+            '"/etc/ppp/options.xl2tpd" ')
 
 
 def call_lines(prefix: str, net: str, n: int, pid: int, argv: bool = False) -> list[str]:
@@ -40,7 +45,7 @@ def call_lines(prefix: str, net: str, n: int, pid: int, argv: bool = False) -> l
     return [prefix + ln for ln in (
         f"Connection established to {peer}, 1701.  Local: {tid}, Remote: {tid + 1000} (ref=0/0).  "
         "LNS session is 'default'",
-        *(ARGV_LINES if argv else ()),
+        *(argv_lines(n) if argv else ()),
         f"Call established with {peer}, PID: {pid}, Local: {cid}, Remote: {cid + 1000}, Serial: 1")]
 
 

@@ -617,7 +617,10 @@ class LineParser:
         if self._argv is not None:
             m = _ARG.match(msg)
             if m and pid == self._argv_pid and len(self._argv) < 256:
-                self._argv.append(sys.intern(m["a"]))  # one copy of what every pppd's argv repeats
+                # not interned: a call keeps its argv only until its pppd is
+                # known, and each call's own pty and addresses would grow the
+                # interpreter's table, which does not shrink as they go
+                self._argv.append(m["a"])
                 return []
             out.extend(self.flush())
         if msg.startswith("start_pppd: I'm running:"):

@@ -78,6 +78,9 @@ class CallInfo:
     peer_call_id: Optional[int] = None
     serial: Optional[int] = None
     pppd_pid: Optional[int] = None
+    # as xl2tpd logged it, while the pppd is not known: how a /proc scan
+    # tells which pppd is the call's (a LAC's lines name none).  Dropped once
+    # the pid is known: it holds the call's pty and address strings
     pppd_argv: Optional[tuple[str, ...]] = None
     data_path: DataPath = "unknown"
     # when data_path last changed from one known path to another (epoch s;
@@ -463,10 +466,13 @@ class Tracker:
     def update_call(self, c: CallInfo, **fields: object) -> list[Event]:
         changed: list[str] = []
         for k, v in fields.items():
+            if k == "pppd_argv" and (c.pppd_pid is not None or fields.get("pppd_pid") is not None):
+                continue  # its pppd is known: the argv has no use left (CallInfo.pppd_argv)
             if v is not None and getattr(c, k) in (None, "unknown") and getattr(c, k) != v:
                 setattr(c, k, v)
                 changed.append(k)
         if "pppd_pid" in changed:
+            c.pppd_argv = None
             for ins in self.instances.values():  # the one that holds this very object
                 ins.calls.pppd_known(c)
         return self._ev(lambda: CallUpdated(call=c.copy(), fields=changed)) if changed else []
@@ -640,7 +646,7 @@ class Tracker:
             instance=instance, role=role if t is None else t.role, section=t.section if t else None,
             peer=rec.peer, peer_port=t.peer_port if t else None, tunnel_id=tid,
             peer_tunnel_id=t.peer_tunnel_id if t else None, call_id=rec.call_id, peer_call_id=rec.peer_call_id,
-            serial=rec.serial, pppd_pid=rec.pppd_pid, pppd_argv=tuple(argv) if argv else None,
+            serial=rec.serial, pppd_pid=rec.pppd_pid, pppd_argv=tuple(argv) if argv and rec.pppd_pid is None else None,
             data_path=data_path_from_argv(argv) if argv else ("kernel" if ins.kernel_mode else "unknown"),
             sources=(source,),
         )

@@ -387,3 +387,21 @@ def test_a_call_keeps_its_tunnels_copy_of_the_peer_address():
     key = next(k for k in ins.calls if ins.calls[k] is c)
     assert c.peer == tun.peer and c.peer is tun.peer and key.peer is tun.peer
     assert sys.intern("".join(list(c.peer))) is not c.peer  # not in the interpreter's table
+
+
+def test_a_calls_pppd_argv_is_kept_until_its_pppd_is_known():
+    """The argv is how a /proc scan tells a LAC call's pppd; once the pid is
+    known it is dropped (it holds the call's own pty and address strings):
+    an LNS line names the pid at once, a LAC call learns it from /proc."""
+    lines = (DATA / "lns-userspace.log").read_text().splitlines()
+    t, _ = events("lns", lines[:1 + next(i for i, ln in enumerate(lines) if "Call established" in ln)])
+    (lns,) = t.calls()
+    assert lns.pppd_pid == 151 and lns.pppd_argv is None and lns.data_path == "userspace"
+    lines = (DATA / "lac1-userspace.log").read_text().splitlines()
+    end = max(i for i, ln in enumerate(lines) if ln.endswith('"/lab/lac1/options" ')) + 1
+    t, _ = events("lac", lines[:end])
+    (lac,) = t.calls()
+    assert lac.pppd_pid is None and lac.pppd_argv[1] == "/dev/pts/0"
+    ev = t.observe_pppd("lac", lac.ref(), 4242)
+    assert lac.pppd_pid == 4242 and lac.pppd_argv is None and ev[0].fields == ["pppd_pid"]
+    assert t.update_call(lac, pppd_argv=("/usr/sbin/pppd", "/dev/pts/9")) == [] and lac.pppd_argv is None

@@ -43,6 +43,7 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Union
 
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -75,6 +76,16 @@ def pppol2tp_sessions() -> int:
     """PPPoL2TP sessions the kernel lists (a netlink dump of 10,000 would cost more than it tells)."""
     lines = Path("/proc/net/pppol2tp").read_text().splitlines()
     return sum(1 for ln in lines if ln.startswith("  SESSION") and not ln.startswith("  SESSION name"))  # no header
+
+
+def status_op_reply(svc: OffloadService) -> Union[bytes, bytearray]:
+    """The status op's answer as this tree's serve makes it: a row at a time
+    since 2026-12-07 (``status_json``), the whole dict first before."""
+    if hasattr(svc, "status_json"):
+        from pipexctl.offload.protocol import ok_reply
+
+        return ok_reply(svc.status_json())
+    return reply(True, **svc.status())
 
 
 def rss_mib() -> dict[str, float]:
@@ -195,7 +206,7 @@ def main() -> int:
         malloc.trim()
         rec["held_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     t = time.monotonic()
-    reply(True, **svc.status())  # the status op's answer, as serve encodes it
+    status_op_reply(svc)
     rec["status_ms"] = round((time.monotonic() - t) * 1000, 1)
     rec["held_mem"] = rss_mib()
     if a.trim_every:

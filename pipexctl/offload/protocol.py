@@ -109,6 +109,16 @@ def reply(ok: bool, **fields: object) -> bytes:
     return json.dumps({"ok": ok, **fields}).encode() + b"\n"
 
 
+def ok_reply(fields: bytearray) -> bytearray:
+    """A success's reply line around ``fields``, one JSON object already
+    encoded (``ok`` first, as ``reply`` writes it); ``fields`` becomes it."""
+    if not (fields.startswith(b"{") and fields.endswith(b"}")):
+        raise ValueError("not one JSON object")
+    fields[:1] = b'{"ok": true, ' if len(fields) > 2 else b'{"ok": true'
+    fields += b"\n"
+    return fields
+
+
 def parse_ack(line: bytes) -> Optional[dict[str, object]]:
     """The ack line's object, or None when ``line`` is not an ack."""
     try:

@@ -41,7 +41,7 @@ from ..kernel.backend import KernelBackend
 from . import malloc, paths, reconcile, sdnotify
 from .datapath import DataPath
 from .links import Links
-from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, Request, ack_stamps, parse_ack, parse_request, reply
+from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, Request, ack_stamps, ok_reply, parse_ack, parse_request, reply
 from .ptys import call_key
 from .service import OffloadService
 from .watch import CallWatch, FdEvent
@@ -280,7 +280,7 @@ class OffloadServer:
                 return
             op = req.op
             if op == "status":
-                self._reply(conn, {"ok": True, **self.service.status()})
+                conn.sendall(ok_reply(self.service.status_json()))
             elif op == "metrics":
                 self._reply(conn, {"ok": True, **self.service.metrics()})
             elif op == "reconcile":

@@ -621,5 +621,9 @@ class OffloadService(Endings):
     def status(self) -> dict[str, Any]:
         return report.status(self)
 
+    def status_json(self) -> bytearray:
+        """``status`` as JSON, encoded a row at a time (what the status op sends)."""
+        return report.status_json(self)
+
     def metrics(self) -> dict[str, Any]:
         return report.metrics(self)

@@ -38,6 +38,45 @@ def test_status_names_every_call_its_path_and_why_one_stayed_on_the_pty(srv, tmp
                 "1 call(s) named by two log lines (one forged)") in r.output, r.output
 
 
+@pytest.mark.parametrize("batch", [1, 2, 256])
+def test_the_status_encoded_a_row_at_a_time_is_every_call_and_tunnel_in_order(srv, monkeypatch, batch):
+    """The status op's reply is encoded in batches of rows (report.BATCH),
+    each under its lock: whatever the batch, it is one JSON object with
+    every call once, ordered by instance, tunnel and call, each with its
+    path, and every tunnel with its sessions; an empty list stays a list."""
+    from pipexctl.offload import report
+    from pipexctl.offload.protocol import ok_reply
+
+    monkeypatch.setattr(report, "BATCH", batch)
+    empty = json.loads(ok_reply(srv.service.status_json()))
+    assert empty["ok"] is True and empty["tunnels"] == [] and list(empty)[:3] == ["ok", "instances", "calls"]
+    offload(srv, call(2))
+    offload(srv, call(3, tid=101, peer="192.0.2.8"))
+    tracker = srv.watch.discovery.tracker
+    for cid in (9, 5):  # more rows than a batch, put in out of order
+        c = call(cid, tid=102, peer="192.0.2.9")
+        tracker.inst("xl2tpd").calls[c.ref()] = c
+    tracker.inst("other").calls[call(4).ref()] = call(4).copy(instance="other")
+    st = json.loads(ok_reply(srv.service.status_json()))
+    assert [(c["instance"], c["tunnel_id"], c["call_id"]) for c in st["calls"]] == [
+        ("other", 100, 4), ("xl2tpd", 100, 1), ("xl2tpd", 100, 2), ("xl2tpd", 101, 3), ("xl2tpd", 102, 5),
+        ("xl2tpd", 102, 9)]
+    assert [c["path"] for c in st["calls"]] == ["xl2tpd kernel mode", "xl2tpd kernel mode", "offloaded",
+                                                "offloaded", "xl2tpd kernel mode", "xl2tpd kernel mode"]
+    assert [(t["tunnel_id"], t["sessions"], t["pppd_pids"]) for t in st["tunnels"]] == [
+        (100, [2], {"2": 4242}), (101, [3], {"3": 4242})]
+    assert st == {"ok": True, **srv.service.status()} and st["stats"]["offloaded"] == 2
+
+
+def test_an_ok_reply_around_encoded_fields_is_the_reply_of_those_fields():
+    from pipexctl.offload.protocol import ok_reply, reply
+
+    assert ok_reply(bytearray(b'{"a": [1, {"b": 2}]}')) == reply(True, a=[1, {"b": 2}])
+    assert ok_reply(bytearray(b"{}")) == reply(True)
+    with pytest.raises(ValueError):
+        ok_reply(bytearray(b"[1]"))
+
+
 def test_status_and_discover_say_since_when_each_call_is_on_its_path(srv, tmp_path):
     """An offloaded call: since its offload.  A call whose path changed while
     the daemon watched (moved back to its pty): since that change.  Others:

@@ -746,13 +746,14 @@ class Discovery:
     def scan_wanted(self) -> dict[str, Any]:
         """What a /proc scan must read (``procscan.scan``'s arguments): the
         children of the xl2tpd instances followed here (every xl2tpd's
-        while none is known yet), and their fds but for a pppd whose call
-        the kernel dump places already (what its fds say is not used then).
-        With many calls offloaded, those fds are most of a full scan's reads."""
+        while none is known yet), and their argv and fds but for a pppd whose
+        call the kernel dump places already (what they say is not used then:
+        only that it runs).  With many calls offloaded, those reads were most
+        of a full scan's, and the argv of each most of its memory."""
         parents = {i.daemon_pid for s in self.sources for i in self._instances_of(s) if i.daemon_pid is not None}
         held = {c.pppd_pid for c in self.tracker.calls() if c.pppd_pid and c.data_path == "kernel"} \
             if self.kernel else set()
-        return {"parents": frozenset(parents) if parents else None, "fds_of": lambda p: p.pid not in held}
+        return {"parents": frozenset(parents) if parents else None, "known": held}
 
     def _reconcile_proc(self, scanned: Optional[Scanned] = None, scanned_at: Optional[float] = None) -> list[Event]:
         """``scanned``: a scan begun at ``scanned_at`` (monotonic); one is

@@ -26,7 +26,7 @@ def _gone(e: OSError) -> None:
         raise e
 
 
-@dataclass
+@dataclass(slots=True)
 class Proc:
     pid: int
     ppid: int
@@ -119,12 +119,16 @@ def read_process(pid: int, with_fds: bool, stat: Optional[str] = None) -> Option
     stat = stat if stat is not None else _read_stat(pid)
     if stat is None:
         return None
+    comm, rest = _split_stat(stat)
+    return _with_argv(pid, int(rest[1]), comm, int(rest[19]), with_fds)
+
+
+def _with_argv(pid: int, ppid: int, comm: str, start: int, with_fds: bool) -> Optional[Proc]:
+    """The process its stat line describes, with its argv (and fds), or None when it is gone."""
     raw = _read(f"/proc/{pid}/cmdline")
     if raw is None:
         return None
-    argv = [_text(a) for a in raw.split(b"\0") if a]
-    comm, rest = _split_stat(stat)
-    p = Proc(pid, int(rest[1]), comm, argv, int(rest[19]))
+    p = Proc(pid, ppid, comm, [_text(a) for a in raw.split(b"\0") if a], start)
     if with_fds:
         _read_fds(p)
     return p
@@ -147,14 +151,17 @@ def _read_fds(p: Proc) -> None:
 
 
 def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
-         parents: Optional[Collection[int]] = None) -> tuple[list[Proc], dict[int, list[Proc]]]:
+         parents: Optional[Collection[int]] = None,
+         known: Collection[int] = ()) -> tuple[list[Proc], dict[int, list[Proc]]]:
     """(xl2tpd daemons, pppd children by xl2tpd pid).  Only the children of
     the daemons in ``parents`` are read (default: every daemon's); a daemon
     whose children were not read has no entry.  A pppd's fds (its pty, its
     sockets: a read per fd) are read when ``fds_of(pppd)`` says so (default:
-    every child read)."""
+    every child read).  A child in ``known`` is read from its stat line
+    alone, without its argv or fds: the caller needs only to know that it
+    runs (an LNS holds thousands of pppds whose calls it knows)."""
     daemons: list[Proc] = []
-    pppds: list[tuple[int, int, str]] = []  # (pid, ppid, stat line)
+    pppds: list[tuple[int, int, int]] = []  # (pid, ppid, start): ints, not stat lines, for thousands of pppds
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -166,22 +173,25 @@ def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
             continue
         comm, rest = _split_stat(stat)
         if comm == "pppd":
-            pppds.append((int(name), int(rest[1]), stat))
+            pppds.append((int(name), int(rest[1]), int(rest[19])))
         elif comm == "xl2tpd":
-            p = read_process(int(name), with_fds=False, stat=stat)
-            if p is not None:
-                daemons.append(p)
+            d = read_process(int(name), with_fds=False, stat=stat)
+            if d is not None:
+                daemons.append(d)
     # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon (is_xl2tpd)
     named = {d.pid for d in daemons}
     daemons = [d for d in daemons if d.ppid not in named]
     children: dict[int, list[Proc]] = {d.pid: [] for d in daemons if parents is None or d.pid in parents}
-    for pid, ppid, stat in pppds:
-        if ppid in children:
-            p = read_process(pid, with_fds=False, stat=stat)
-            if p is None:
-                continue
-            if fds_of is None or fds_of(p):
+    for pid, ppid, start in pppds:
+        if ppid not in children:
+            continue
+        if pid in known:
+            p: Optional[Proc] = Proc(pid, ppid, "pppd", [], start)  # argv [], ttys []: its path unknown
+        else:
+            p = _with_argv(pid, ppid, "pppd", start, with_fds=False)
+            if p is not None and (fds_of is None or fds_of(p)):
                 _read_fds(p)
+        if p is not None:
             children[ppid].append(p)
     return daemons, children
 

@@ -109,6 +109,36 @@ def test_only_the_children_of_the_daemons_asked_about_are_read(monkeypatch):
         assert [p.pid for p in children[other]] == [other_kid]
 
 
+def test_a_known_pppd_costs_its_stat_line_only(monkeypatch):
+    """scan(known=...): a pppd whose call discovery holds (an offloaded one)
+    is listed from its stat line alone, with its start, and neither its
+    argv nor its fds are read; the others' are, as before."""
+    child = "ctypes.CDLL(None).prctl(15, b'pppd', 0, 0, 0)\nm, s = os.openpty()"
+    with xl2tpd_with_child(child) as (parent, kid):
+        _, children = procscan.scan()
+        (full,) = children[parent]
+        opened: list[str] = []
+        real_open = os.open
+        monkeypatch.setattr(os, "open", lambda path, *a, **kw: opened.append(str(path)) or real_open(path, *a, **kw))
+        monkeypatch.setattr(os, "listdir", _listing_fd_dirs(opened))
+        _, children = procscan.scan(known={kid})
+        monkeypatch.undo()
+        (pppd,) = children[parent]
+        assert (pppd.pid, pppd.ppid, pppd.comm, pppd.start) == (full.pid, full.ppid, full.comm, full.start)
+        assert pppd.argv == [] and pppd.ttys == [] and full.argv and full.ttys
+        assert [p for p in opened if p.startswith(f"/proc/{kid}/")] == [f"/proc/{kid}/stat"]
+
+
+def _listing_fd_dirs(opened: list[str]):  # os.listdir, noting the fd directories it lists
+    real = os.listdir
+
+    def listdir(path="."):
+        if str(path).endswith("/fd"):
+            opened.append(str(path))
+        return real(path)
+    return listdir
+
+
 def test_a_process_name_that_is_not_utf8_does_not_stop_a_scan():
     """Any local user names its processes (prctl, or exec of a file so
     named): bytes that are not UTF-8 in a name or a command line are read

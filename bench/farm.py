@@ -1,6 +1,7 @@
 """Stand-ins for the benches that run without real calls: pppds (a tiny C
 program forks N children named ``pppd`` that wait, each dying with the
-farm, and prints their pids) and xl2tpd's log lines for their calls."""
+farm, and prints their pids; it can stand for an LNS's xl2tpd too) and
+xl2tpd's log lines for their calls."""
 
 from __future__ import annotations
 
@@ -12,14 +13,32 @@ FARM_C = r"""
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
+/* farm N [xl2tpd PADDING]: with "xl2tpd", the farm is named xl2tpd and each
+   child writes an LNS pppd's command line over its arguments (PADDING makes
+   room), as /proc shows a real one's */
 int main(int argc, char **argv) {
-    int n = atoi(argv[1]);
+    int n = atoi(argv[1]), lns = argc > 3 && strcmp(argv[2], "xl2tpd") == 0;
+    char *area = argv[0];
+    size_t size = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) - argv[0]);
+    if (lns) prctl(PR_SET_NAME, "xl2tpd");
     for (int i = 0; i < n; i++) {
         pid_t p = fork();
         if (p < 0) { perror("fork"); return 1; }
-        if (p == 0) { close(1); prctl(PR_SET_PDEATHSIG, SIGKILL); prctl(PR_SET_NAME, "pppd"); for (;;) pause(); }
+        if (p == 0) {
+            close(1); prctl(PR_SET_PDEATHSIG, SIGKILL); prctl(PR_SET_NAME, "pppd");
+            if (lns) {
+                char cmd[256];
+                int len = snprintf(cmd, sizeof cmd, "/usr/sbin/pppd%c/dev/pts/%d%cpassive%cnodetach%c"
+                                   "10.96.0.1:10.96.%d.%d%crefuse-pap%cname%clns%cfile%c/etc/ppp/options.xl2tpd",
+                                   0, i + 1, 0, 0, 0, 1 + i / 250, 1 + i % 250, 0, 0, 0, 0, 0);
+                memset(area, 0, size);
+                memcpy(area, cmd, (size_t)len < size ? (size_t)len : size - 1);
+            }
+            for (;;) pause();
+        }
         printf("%d\n", (int)p);
     }
     fflush(stdout);
@@ -49,12 +68,13 @@ def call_lines(prefix: str, net: str, n: int, pid: int, argv: bool = False) -> l
         f"Call established with {peer}, PID: {pid}, Local: {cid}, Remote: {cid + 1000}, Serial: 1")]
 
 
-def pppd_farm(n: int, d: str) -> tuple[subprocess.Popen[bytes], list[int]]:
-    """N processes named pppd, children of the farm (built in directory ``d``): the farm and their pids."""
+def pppd_farm(n: int, d: str, as_xl2tpd: bool = False) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """N processes named pppd, children of the farm (built in directory ``d``): the farm and their pids.
+    ``as_xl2tpd``: the farm is named xl2tpd and each child shows an LNS pppd's argv, as an LNS's /proc does."""
     src, exe = os.path.join(d, "farm.c"), os.path.join(d, "farm")
     Path(src).write_text(FARM_C)
     subprocess.run(["cc", "-O2", "-o", exe, src], check=True)
-    farm = subprocess.Popen([exe, str(n)], stdout=subprocess.PIPE)
+    farm = subprocess.Popen([exe, str(n), *(["xl2tpd", "x" * 200] if as_xl2tpd else [])], stdout=subprocess.PIPE)
     assert farm.stdout is not None
     pids = [int(x) for x in farm.stdout.read().split()]
     if len(pids) != n:

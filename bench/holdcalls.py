@@ -24,8 +24,11 @@ and the p50/p99 of the last STEP offloads; at the end, the time of one
 is left (sessions, fds).  The drops run with /sys/kernel/rcu_expedited=1
 (bench/controlplane.py says why).  --trim-every gives freed heap back
 to the kernel as serve does (malloc_trim after the first read and every
-10 s); 0 measures the heap as it was before serve did.  Not a test: it
-asserts nothing.
+10 s); 0 measures the heap as it was before serve did.  --polls adds
+serve's full polls (a /proc scan of the N pppds, the farm standing for
+their xl2tpd, and a kernel dump of the N sessions) after the first read,
+at each step and at rest: without it the figures are those of a daemon
+that never looks.  Not a test: it asserts nothing.
 
     python -m pipexctl.testing.vm --memory 4096 --timeout 3600 -- .venv/bin/python bench/holdcalls.py --calls 10000
 """
@@ -56,6 +59,7 @@ from controlplane import Floor, nlmod, rcu_expedited  # noqa: E402
 from farm import call_lines, pppd_farm  # noqa: E402
 from servicestorm import NET, drop_all, finish, pct, setup  # noqa: E402
 
+from pipexctl.discovery import procscan  # noqa: E402
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.kernel.backend import NetlinkBackend  # noqa: E402
 from pipexctl.offload import malloc  # noqa: E402
@@ -98,14 +102,29 @@ def rss_mib() -> dict[str, float]:
 PREFIX = "Dec  4 06:00:00 lns xl2tpd[100]: "
 
 
-def write_xl2tpd_log(path: Path, pids: list[int]) -> None:
+def write_xl2tpd_log(path: Path, pids: list[int], xl2tpd_pid: int = 100) -> None:
     """A syslog of N live calls, each in a tunnel of its own, as xl2tpd logs
     them; written call by call, so the bench's own copy of the text is not
     in the RSS it reports as the daemon's."""
+    prefix = PREFIX.replace("[100]", f"[{xl2tpd_pid}]")
     with open(path, "w") as f:
-        f.write(PREFIX + "xl2tpd version xl2tpd-1.3.18 started on lns PID:100\n")
+        f.write(prefix + f"xl2tpd version xl2tpd-1.3.18 started on lns PID:{xl2tpd_pid}\n")
         for n, pid in enumerate(pids):
-            f.write("\n".join(call_lines(PREFIX, NET, n, pid, argv=True)) + "\n")
+            f.write("\n".join(call_lines(prefix, NET, n, pid, argv=True)) + "\n")
+
+
+def full_poll(watch: CallWatch, rec: dict) -> None:
+    """One of serve's full polls, as its watcher makes them every few
+    seconds: /proc scanned outside the lock, then the scan and the kernel's
+    sessions applied to discovery's model."""
+    t = time.monotonic()
+    with watch.lock:
+        wanted = watch.discovery.scan_wanted()
+    scanned = procscan.scan(**wanted)
+    with watch.lock:
+        watch.discovery.poll(reconcile=True, scanned=scanned, scanned_at=t)
+    del scanned
+    rec.setdefault("poll_ms", []).append(round((time.monotonic() - t) * 1000))
 
 
 def holder() -> tuple[socket.socket, int]:
@@ -136,6 +155,9 @@ def main() -> int:
                         "filling, as serve does (0: never, as serve did before)")
     p.add_argument("--trace", action="store_true",
                    help="tracemalloc from the start: the largest allocations while N calls are held (slower)")
+    p.add_argument("--polls", action="store_true",
+                   help="serve's full polls too: the farm stands for the LNS's xl2tpd (its pppds show an LNS pppd's "
+                        "argv), discovery scans /proc and the kernel after its first read, at each step and at rest")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "holdcalls.json"))
     a = p.parse_args()
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
@@ -144,14 +166,14 @@ def main() -> int:
     rec: dict = {"kernel": os.uname().release, "calls_asked": a.calls, "fd_limit": FD_LIMIT,
                  "start": {"fds": fds(), **rss_mib()}, "steps": [], "errors": []}
     t = time.monotonic()
-    farm, pids = pppd_farm(a.calls, d)
+    farm, pids = pppd_farm(a.calls, d, as_xl2tpd=a.polls)
     rec["farm_s"] = round(time.monotonic() - t, 1)
     conn, holder_pid = holder()
     if a.trace:
         tracemalloc.start(3)
     log = Path(d) / "syslog"
-    write_xl2tpd_log(log, pids)
-    watch = CallWatch(Discovery([str(log)], proc=False, kernel=False))
+    write_xl2tpd_log(log, pids, farm.pid if a.polls else 100)
+    watch = CallWatch(Discovery([str(log)], proc=a.polls, kernel=a.polls))
     t = time.monotonic()
     watch.first_read()
     trimmer = malloc.Trimmer(a.trim_every)
@@ -195,6 +217,9 @@ def main() -> int:
                    "kernel_sessions": pppol2tp_sessions(),
                    "state_file_kib": round(os.path.getsize(svc.state_path) / 1024),
                    "offload_p50_ms": pct(window, 0.5), "offload_p99_ms": pct(window, 0.99)}
+            if a.polls:
+                full_poll(watch, rec)
+                row["after_poll"] = rss_mib()
             rec["steps"].append(row)
             print(json.dumps(row), flush=True)
     rec["held"] = held
@@ -202,6 +227,8 @@ def main() -> int:
         per = (rec["steps"][-1]["rss_mib"] - rec["service"]["rss_mib"]) * 1024 / rec["steps"][-1]["held"] \
             if rec["steps"] else None
         rec["kib_per_call"] = round(per, 2) if per is not None else None
+    if a.polls:
+        full_poll(watch, rec)
     if a.trim_every:  # all held, before any report, trimmed as serve's next round would
         malloc.trim()
         rec["held_trimmed"] = {**rss_mib(), **pymalloc_mib()}
@@ -230,11 +257,15 @@ def main() -> int:
     rec["dump_floor_ms"] = round((time.monotonic() - t) * 1000, 1)
     fl.close()
     rec["metrics_sessions"] = len(m["sessions"]) + m["sessions_not_listed"]["count"]
+    if a.polls:
+        full_poll(watch, rec)
     rec["after_reports"] = rss_mib()
     if a.trim_every:
         malloc.trim()  # serve's next round, at most TRIM_EVERY after the reports
         rec["after_reports_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     rec["trim_every_s"] = a.trim_every
+    rec["polls"] = a.polls
+    rec["peak_mib"] = round(memory_kib()["VmHWM"] / 1024, 1)
     print(json.dumps({k: rec[k] for k in ("held", "kib_per_call", "status_ms", "metrics_ms", "dump_floor_ms",
                                           "metrics_sessions",
                                           "held_mem", "after_reports")}), flush=True)

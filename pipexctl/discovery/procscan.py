@@ -6,8 +6,8 @@ import errno
 import functools
 import os
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Collection, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Collection, Optional, Sequence
 
 from .. import defaults
 
@@ -31,9 +31,9 @@ class Proc:
     pid: int
     ppid: int
     comm: str
-    argv: list[str]
+    argv: Sequence[str]
     start: int  # clock ticks after boot (field 22 of stat)
-    ttys: list[str] = field(default_factory=list)
+    ttys: Sequence[str] = ()  # a pppd's pty fds, read when asked (an empty tuple is one shared object)
     sockets: int = 0
 
     @property
@@ -136,6 +136,7 @@ def _with_argv(pid: int, ppid: int, comm: str, start: int, with_fds: bool) -> Op
 
 def _read_fds(p: Proc) -> None:
     base = f"/proc/{p.pid}/fd"
+    ttys: list[str] = []
     try:
         for fd in os.listdir(base):
             try:
@@ -143,11 +144,13 @@ def _read_fds(p: Proc) -> None:
             except OSError:
                 continue
             if target.startswith(("/dev/pts/", "/dev/tty", "/dev/ptmx")):
-                p.ttys.append(target)
+                ttys.append(target)
             elif target.startswith("socket:"):
                 p.sockets += 1
     except OSError as e:
         _gone(e)
+    if ttys:
+        p.ttys = ttys
 
 
 def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
@@ -162,33 +165,35 @@ def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
     runs (an LNS holds thousands of pppds whose calls it knows)."""
     daemons: list[Proc] = []
     pppds: list[tuple[int, int, int]] = []  # (pid, ppid, start): ints, not stat lines, for thousands of pppds
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        # any other process costs one read, its stat line: its cmdline is not
-        # needed (and reading it takes the target's mm lock); nor is a pppd's
-        # that is no child of a daemon asked about (PPPoE's, another xl2tpd's)
-        stat = _read_stat(int(name))
-        if stat is None:
-            continue
-        comm, rest = _split_stat(stat)
-        if comm == "pppd":
-            pppds.append((int(name), int(rest[1]), int(rest[19])))
-        elif comm == "xl2tpd":
-            d = read_process(int(name), with_fds=False, stat=stat)
-            if d is not None:
-                daemons.append(d)
+    with os.scandir("/proc") as entries:  # one entry at a time: no list of every process's name
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            # any other process costs one read, its stat line: its cmdline is not
+            # needed (and reading it takes the target's mm lock); nor is a pppd's
+            # that is no child of a daemon asked about (PPPoE's, another xl2tpd's)
+            stat = _read_stat(pid)
+            if stat is None:
+                continue
+            comm, rest = _split_stat(stat)
+            if comm == "pppd":
+                pppds.append((pid, int(rest[1]), int(rest[19])))
+            elif comm == "xl2tpd":
+                d = read_process(pid, with_fds=False, stat=stat)
+                if d is not None:
+                    daemons.append(d)
     # a child of xl2tpd still named xl2tpd has not exec'd its pppd yet: no daemon (is_xl2tpd)
     named = {d.pid for d in daemons}
     daemons = [d for d in daemons if d.ppid not in named]
     children: dict[int, list[Proc]] = {d.pid: [] for d in daemons if parents is None or d.pid in parents}
-    for pid, ppid, start in pppds:
+    for kid, ppid, start in pppds:
         if ppid not in children:
             continue
-        if pid in known:
-            p: Optional[Proc] = Proc(pid, ppid, "pppd", [], start)  # argv [], ttys []: its path unknown
+        if kid in known:
+            p: Optional[Proc] = Proc(kid, ppid, "pppd", (), start)  # no argv, no ttys: its path unknown
         else:
-            p = _with_argv(pid, ppid, "pppd", start, with_fds=False)
+            p = _with_argv(kid, ppid, "pppd", start, with_fds=False)
             if p is not None and (fds_of is None or fds_of(p)):
                 _read_fds(p)
         if p is not None:
@@ -210,7 +215,7 @@ def trusted_exes(name: str) -> frozenset[str]:
 def argv(pid: int) -> list[str]:
     """``pid``'s command line ([] when it is gone)."""
     p = read_process(pid, with_fds=False)
-    return p.argv if p else []
+    return list(p.argv) if p else []
 
 
 def exe(pid: int) -> Optional[str]:

@@ -88,7 +88,7 @@ def test_a_pppds_fds_are_read_only_when_asked():
 
         _, children = procscan.scan(never)
         (pppd,) = children[parent]
-        assert kid in asked and pppd.ttys == [] and pppd.data_path == "unknown"
+        assert kid in asked and not pppd.ttys and pppd.data_path == "unknown"
 
 
 def test_only_the_children_of_the_daemons_asked_about_are_read(monkeypatch):
@@ -125,7 +125,7 @@ def test_a_known_pppd_costs_its_stat_line_only(monkeypatch):
         monkeypatch.undo()
         (pppd,) = children[parent]
         assert (pppd.pid, pppd.ppid, pppd.comm, pppd.start) == (full.pid, full.ppid, full.comm, full.start)
-        assert pppd.argv == [] and pppd.ttys == [] and full.argv and full.ttys
+        assert not pppd.argv and not pppd.ttys and full.argv and full.ttys
         assert [p for p in opened if p.startswith(f"/proc/{kid}/")] == [f"/proc/{kid}/stat"]
 
 

@@ -136,3 +136,37 @@ class SmallIndexed(_Contract[K, V], MutableMapping[K, V]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({dict(self.items())!r})"
+
+
+class Several(tuple):  # type: ignore[type-arg]
+    """Two or more values under one key of a map that keeps a single value
+    bare (``put``, ``drop``): nearly every key has one (a pppd its call, a
+    peer address its tunnel), and a tuple around it would cost 56 bytes a
+    key.  Its own type, so that a value that is itself a tuple (a key
+    tuple) is not taken for several."""
+
+    __slots__ = ()
+
+
+def values_at(m: dict[Any, Any], key: Any) -> tuple[Any, ...]:
+    """The values ``put`` under ``key``: none, one, or several."""
+    v = m.get(key)
+    return () if v is None else tuple(v) if isinstance(v, Several) else (v,)
+
+
+def put(m: dict[Any, Any], key: Any, value: Any) -> None:
+    """Add ``value`` under ``key`` (once: a value already there stays one)."""
+    old = values_at(m, key)
+    if value not in old:
+        m[key] = Several(old + (value,)) if old else value
+
+
+def drop(m: dict[Any, Any], key: Any, value: Any) -> None:
+    """Take ``value`` from under ``key``; the key goes with its last value."""
+    rest = tuple(v for v in values_at(m, key) if v != value)
+    if len(rest) > 1:
+        m[key] = Several(rest)
+    elif rest:
+        m[key] = rest[0]
+    else:
+        m.pop(key, None)

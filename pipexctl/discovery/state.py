@@ -18,7 +18,7 @@ from typing import Annotated, Any, Callable, Literal, NamedTuple, Optional, Sequ
 from pydantic import AfterValidator, BaseModel, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from ..indexed import Indexed
+from ..indexed import Indexed, Several, drop, put, values_at
 from . import logparse as lp
 
 DataPath = Literal["kernel", "userspace", "unknown"]
@@ -230,9 +230,8 @@ class Calls(Indexed[CallKey, CallInfo]):
     def __init__(self, calls: Sequence[CallInfo] = ()) -> None:
         super().__init__()
         # a pppd has one call but for a forged or reused line: its call's
-        # key, or a tuple of its calls' keys from the second on (a tuple of
-        # one would cost 56 bytes per call tracked, a set 216)
-        self.by_pppd: dict[int, Union[CallKey, tuple[CallKey, ...]]] = {}
+        # key, bare, or its calls' keys from the second on (indexed.put)
+        self.by_pppd: dict[int, Union[CallKey, Several]] = {}
         self.no_pppd: set[CallKey] = set()
         # pppd pid -> when a call first named it (monotonic), until a /proc
         # scan begun after that has judged it (forget_named)
@@ -249,23 +248,11 @@ class Calls(Indexed[CallKey, CallInfo]):
     def _removed(self, key: CallKey, c: CallInfo) -> None:
         self.no_pppd.discard(key)
         if c.pppd_pid is not None:
-            keys = tuple(k for k in self._keys_of(c.pppd_pid) if k != key)
-            if len(keys) > 1:
-                self.by_pppd[c.pppd_pid] = keys
-            elif keys:
-                self.by_pppd[c.pppd_pid] = keys[0]
-            else:
-                self.by_pppd.pop(c.pppd_pid, None)
-
-    def _keys_of(self, pid: int) -> tuple[CallKey, ...]:
-        v = self.by_pppd.get(pid, ())
-        return (v,) if isinstance(v, CallKey) else v
+            drop(self.by_pppd, c.pppd_pid, key)
 
     def _link(self, pid: int, key: CallKey) -> None:
-        keys = self._keys_of(pid)
-        if key not in keys:
-            self.by_pppd[pid] = keys + (key,) if keys else key
-            self.named.setdefault(pid, time.monotonic())
+        put(self.by_pppd, pid, key)
+        self.named.setdefault(pid, time.monotonic())
 
     def pppd_known(self, c: CallInfo) -> None:
         """``c``'s pppd pid was just set (it was None)."""
@@ -284,7 +271,7 @@ class Calls(Indexed[CallKey, CallInfo]):
             self.named = {p: t for p, t in self.named.items() if t >= before}
 
     def of_pppd(self, pid: int) -> list[CallInfo]:
-        return [self[k] for k in self._keys_of(pid)]
+        return [self[k] for k in values_at(self.by_pppd, pid)]
 
     def without_pppd(self) -> list[CallInfo]:
         return [self[k] for k in self.no_pppd]

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Union
 
 from .. import defaults, errors
 from ..discovery.state import CallIds, CallInfo
-from ..indexed import Indexed, SmallIndexed
+from ..indexed import Indexed, Several, SmallIndexed, drop, put, values_at
 from ..kernel.backend import KernelBackend, PPPChannel
 from ..model import Encap, PwType, Session, SessionSpec, Tunnel, TunnelSpec
 from ..orchestrator import Orchestrator, Transaction
@@ -180,27 +180,17 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
         super().__init__()
         self._lines: list[bytes] = []
         self._described = 0
-        # peer address -> its tunnel, or a list of them from the second on:
-        # keyed by the tunnel's own string, where a key of all four addresses
-        # would cost a tuple per tunnel held, for the rare twin
-        self._on: dict[str, Union[TunnelState, list[TunnelState]]] = {}
+        # peer address -> its tunnel, or its tunnels from the second on
+        # (indexed.put): keyed by the tunnel's own string, where a key of all
+        # four addresses would cost a tuple per tunnel held, for the rare twin
+        self._on: dict[str, Union[TunnelState, Several]] = {}
 
     @staticmethod
     def _addresses(ts: TunnelState) -> Addresses:
         return (ts.local, ts.peer, ts.peer_port, ts.local_port)
 
-    def _to_peer(self, peer: str) -> list[TunnelState]:
-        v = self._on.get(peer)
-        return [] if v is None else v if isinstance(v, list) else [v]
-
     def _added(self, key: TunnelKey, ts: TunnelState) -> None:
-        v = self._on.get(ts.peer)
-        if v is None:
-            self._on[ts.peer] = ts
-        elif isinstance(v, list):
-            v.append(ts)
-        else:
-            self._on[ts.peer] = [v, ts]
+        put(self._on, ts.peer, ts)
         ts.records._table, ts.records._key = self, key
         # an adopted tunnel comes with its sessions
         self._lines.append(statefile.tunnel_line(ts))
@@ -209,13 +199,7 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
 
     def _removed(self, key: TunnelKey, ts: TunnelState) -> None:
         ts.records._table = ts.records._key = None
-        rest = [t for t in self._to_peer(ts.peer) if t is not ts]
-        if len(rest) > 1:
-            self._on[ts.peer] = rest
-        elif rest:
-            self._on[ts.peer] = rest[0]
-        else:
-            self._on.pop(ts.peer, None)
+        drop(self._on, ts.peer, ts)
         self._lines.append(statefile.drop_line(*key))
         self._described -= 1 + len(ts.records)
 
@@ -229,7 +213,7 @@ class TunnelTable(Indexed[TunnelKey, TunnelState]):
 
     def on_addresses(self, addresses: Addresses) -> int:
         """How many tunnels have these addresses and ports."""
-        return sum(self._addresses(t) == addresses for t in self._to_peer(addresses[1]))
+        return sum(self._addresses(t) == addresses for t in values_at(self._on, addresses[1]))
 
     def journal(self) -> tuple[list[bytes], int]:
         """The journal lines of the changes since the last call, and how

@@ -135,3 +135,25 @@ def test_small_indexed_reads_whole_states_only_while_another_thread_changes_it()
         t.join()
         sys.setswitchinterval(old)
     assert seen <= {tuple(s) for s in states}, seen - {tuple(s) for s in states}
+
+
+def test_put_and_drop_keep_one_value_bare_and_several_in_their_own_type():
+    """A key with one value holds it bare, even a value that is itself a
+    tuple; a second makes them Several; taking values back returns to one,
+    then to no key at all.  A value put twice is there once."""
+    from pipexctl.indexed import Several, drop, put, values_at
+
+    m: dict = {}
+    one, two = ("10.0.0.1", 7), ("10.0.0.2", 7)
+    put(m, 5, one)
+    assert m == {5: one} and values_at(m, 5) == (one,) and values_at(m, 6) == ()
+    put(m, 5, one)
+    assert m == {5: one}
+    put(m, 5, two)
+    assert isinstance(m[5], Several) and values_at(m, 5) == (one, two)
+    drop(m, 5, one)
+    assert m == {5: two} and not isinstance(m[5], Several)
+    drop(m, 5, ("10.0.0.9", 1))  # not there: nothing changes
+    assert m == {5: two}
+    drop(m, 5, two)
+    assert m == {}

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -75,22 +74,14 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
     from farm import pppd_farm
+    from fresh import interleaved
 
-    rows = []
     with tempfile.TemporaryDirectory() as d:
         farm, pids = pppd_farm(a.children, d, as_xl2tpd=True)
         try:
             Path(d, "pids").write_text(" ".join(map(str, pids)))
-            for r in range(a.rounds):
-                for way in WAYS if r % 2 == 0 else tuple(reversed(WAYS)):
-                    res = subprocess.run([sys.executable, __file__, "--scans", str(a.scans), "--child", way,
-                                          str(farm.pid), os.path.join(d, "pids")], check=True,
-                                         capture_output=True, text=True, cwd=ROOT,
-                                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-                    row = json.loads(res.stdout)
-                    row["round"] = r + 1
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+            rows = interleaved(WAYS, a.rounds, lambda way: [__file__, "--scans", str(a.scans), "--child", way,
+                                                            str(farm.pid), os.path.join(d, "pids")])
         finally:
             farm.kill()
             farm.wait()

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -162,22 +161,13 @@ def main() -> int:
         print(json.dumps(per_map(a.maps)))
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
+    from fresh import interleaved
     from holdcalls import write_xl2tpd_log
 
-    rows = []
     with tempfile.TemporaryDirectory() as d:
         log = os.path.join(d, "syslog")
         write_xl2tpd_log(Path(log), list(range(100000, 100000 + a.calls)))
-        for r in range(a.rounds):
-            order = VARIANTS if r % 2 == 0 else tuple(reversed(VARIANTS))
-            for v in order:
-                res = subprocess.run([sys.executable, __file__, "--child", v, str(a.calls), log], check=True,
-                                     capture_output=True, text=True, cwd=ROOT,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
-                row = json.loads(res.stdout)
-                row["round"] = r + 1
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+        rows = interleaved(VARIANTS, a.rounds, lambda v: [__file__, "--child", v, str(a.calls), log])
     if a.out:
         Path(a.out).write_text(json.dumps({"calls": a.calls, "python": sys.version.split()[0], "rows": rows},
                                           indent=1) + "\n")

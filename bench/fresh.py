@@ -27,3 +27,8 @@ def interleaved(ways: Sequence[str], rounds: int, child_args: Callable[[str], li
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
+
+
+def write_rows(path: str, what: dict, rows: list[dict]) -> None:
+    """The rows as one JSON record, with what was measured and the interpreter's version."""
+    Path(path).write_text(json.dumps({**what, "python": sys.version.split()[0], "rows": rows}, indent=1) + "\n")

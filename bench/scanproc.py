@@ -74,7 +74,7 @@ def main() -> int:
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
     from farm import pppd_farm
-    from fresh import interleaved
+    from fresh import interleaved, write_rows
 
     with tempfile.TemporaryDirectory() as d:
         farm, pids = pppd_farm(a.children, d, as_xl2tpd=True)
@@ -86,8 +86,7 @@ def main() -> int:
             farm.kill()
             farm.wait()
     if a.out:
-        Path(a.out).write_text(json.dumps({"children": a.children, "python": sys.version.split()[0], "rows": rows},
-                                          indent=1) + "\n")
+        write_rows(a.out, {"children": a.children}, rows)
     return 0
 
 

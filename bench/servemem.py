@@ -161,7 +161,7 @@ def main() -> int:
         print(json.dumps(per_map(a.maps)))
         return 0
     sys.path.insert(0, str(ROOT / "bench"))
-    from fresh import interleaved
+    from fresh import interleaved, write_rows
     from holdcalls import write_xl2tpd_log
 
     with tempfile.TemporaryDirectory() as d:
@@ -169,8 +169,7 @@ def main() -> int:
         write_xl2tpd_log(Path(log), list(range(100000, 100000 + a.calls)))
         rows = interleaved(VARIANTS, a.rounds, lambda v: [__file__, "--child", v, str(a.calls), log])
     if a.out:
-        Path(a.out).write_text(json.dumps({"calls": a.calls, "python": sys.version.split()[0], "rows": rows},
-                                          indent=1) + "\n")
+        write_rows(a.out, {"calls": a.calls}, rows)
     return 0
 
 

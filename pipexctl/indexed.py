@@ -154,11 +154,13 @@ def values_at(m: dict[Any, Any], key: Any) -> tuple[Any, ...]:
     return () if v is None else tuple(v) if isinstance(v, Several) else (v,)
 
 
-def put(m: dict[Any, Any], key: Any, value: Any) -> None:
-    """Add ``value`` under ``key`` (once: a value already there stays one)."""
+def put(m: dict[Any, Any], key: Any, value: Any) -> bool:
+    """Add ``value`` under ``key``; False when it was there already (it stays one)."""
     old = values_at(m, key)
-    if value not in old:
-        m[key] = Several(old + (value,)) if old else value
+    if value in old:
+        return False
+    m[key] = Several(old + (value,)) if old else value
+    return True
 
 
 def drop(m: dict[Any, Any], key: Any, value: Any) -> None:

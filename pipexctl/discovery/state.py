@@ -251,8 +251,8 @@ class Calls(Indexed[CallKey, CallInfo]):
             drop(self.by_pppd, c.pppd_pid, key)
 
     def _link(self, pid: int, key: CallKey) -> None:
-        put(self.by_pppd, pid, key)
-        self.named.setdefault(pid, time.monotonic())
+        if put(self.by_pppd, pid, key):
+            self.named.setdefault(pid, time.monotonic())
 
     def pppd_known(self, c: CallInfo) -> None:
         """``c``'s pppd pid was just set (it was None)."""
@@ -597,7 +597,7 @@ class Tracker:
         if tid is None:
             tid = self._tunnel_for_call(ins, rec.peer)
         t = ins.tunnel_to(tid, rec.peer) if tid is not None else None
-        if t is not None and t.peer == rec.peer:
+        if t is not None and t.peer == rec.peer and t.peer is not rec.peer:
             # the tunnel's copy of the address: the call's own (and a table
             # of every address seen) would cost a string per call
             rec = dataclasses.replace(rec, peer=t.peer)

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -57,20 +58,17 @@ def pymalloc_mib() -> dict[str, float]:
     MiB: its arenas, the blocks in use in them, and the rest (free blocks
     and pools that keep an arena from being returned; what a trim cannot
     give back)."""
-    r, w = os.pipe()
-    saved = os.dup(2)
-    try:
-        os.dup2(w, 2)  # the report goes to C's stderr, not to sys.stderr
-        os.close(w)
-        sys._debugmallocstats()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-    chunks = []
-    while chunk := os.read(r, 65536):
-        chunks.append(chunk)
-    os.close(r)
-    text = b"".join(chunks).decode(errors="replace")
+    with tempfile.TemporaryFile() as f:  # a file, not a pipe: the report may outgrow a pipe's buffer
+        saved = os.dup(2)
+        try:
+            os.dup2(f.fileno(), 2)  # the report goes to C's stderr, not to sys.stderr
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        raw = f.read()
+    text = raw.decode(errors="replace")
     m = re.search(r"^(\d+) arenas \* (\d+) bytes/arena", text, re.M)
     u = re.search(r"^# bytes in allocated blocks\s*=\s*([\d,]+)", text, re.M)
     arenas = int(m[1]) * int(m[2]) / 2**20 if m else 0.0

@@ -145,9 +145,9 @@ def test_put_and_drop_keep_one_value_bare_and_several_in_their_own_type():
 
     m: dict = {}
     one, two = ("10.0.0.1", 7), ("10.0.0.2", 7)
-    put(m, 5, one)
+    assert put(m, 5, one)
     assert m == {5: one} and values_at(m, 5) == (one,) and values_at(m, 6) == ()
-    put(m, 5, one)
+    assert not put(m, 5, one)
     assert m == {5: one}
     put(m, 5, two)
     assert isinstance(m[5], Several) and values_at(m, 5) == (one, two)

@@ -114,3 +114,16 @@ def test_the_lab_redials_once_a_call_xl2tpd_gave_remote_call_id_0(tmp_path, caps
     os.close(fd)
     assert requests == [(b"c lns\n", False), (b"c lns\n", True)] and early == [False]  # redialled after the close
     assert "redialling once" in capsys.readouterr().err
+
+
+def test_the_allocators_figures_follow_what_is_allocated():
+    """pymalloc_mib reads the interpreter's own report: objects made show
+    as bytes in use, inside the arenas counted."""
+    from pipexctl.testing.probe import pymalloc_mib
+
+    before = pymalloc_mib()
+    held = [object() for _ in range(200_000)]  # 16 bytes each in the small-object heap
+    during = pymalloc_mib()
+    assert during["in_use_mib"] >= before["in_use_mib"] + 2.5
+    assert during["arenas_mib"] >= during["in_use_mib"] > 0 and during["unused_mib"] >= 0
+    del held

@@ -59,7 +59,6 @@ from controlplane import Floor, nlmod, rcu_expedited  # noqa: E402
 from farm import call_lines, pppd_farm  # noqa: E402
 from servicestorm import NET, drop_all, finish, pct, setup  # noqa: E402
 
-from pipexctl.discovery import procscan  # noqa: E402
 from pipexctl.discovery.discovery import Discovery  # noqa: E402
 from pipexctl.kernel.backend import NetlinkBackend  # noqa: E402
 from pipexctl.offload import malloc  # noqa: E402
@@ -114,16 +113,11 @@ def write_xl2tpd_log(path: Path, pids: list[int], xl2tpd_pid: int = 100) -> None
 
 
 def full_poll(watch: CallWatch, rec: dict) -> None:
-    """One of serve's full polls, as its watcher makes them every few
-    seconds: /proc scanned outside the lock, then the scan and the kernel's
-    sessions applied to discovery's model."""
+    """One of serve's full polls, its watcher's own (/proc scanned outside
+    the lock, then the scan and the kernel's sessions applied to discovery's
+    model); the events it yields are dropped, as the bench holds every call."""
     t = time.monotonic()
-    with watch.lock:
-        wanted = watch.discovery.scan_wanted()
-    scanned = procscan.scan(**wanted)
-    with watch.lock:
-        watch.discovery.poll(reconcile=True, scanned=scanned, scanned_at=t)
-    del scanned
+    watch._poll(True, lambda ev: None)
     rec.setdefault("poll_ms", []).append(round((time.monotonic() - t) * 1000))
 
 

@@ -151,7 +151,7 @@ class Several(tuple):  # type: ignore[type-arg]
 def values_at(m: dict[Any, Any], key: Any) -> tuple[Any, ...]:
     """The values ``put`` under ``key``: none, one, or several."""
     v = m.get(key)
-    return () if v is None else tuple(v) if isinstance(v, Several) else (v,)
+    return () if v is None else v if isinstance(v, Several) else (v,)  # Several is a tuple: no copy
 
 
 def put(m: dict[Any, Any], key: Any, value: Any) -> bool:

@@ -568,6 +568,62 @@ def iperf_client(client_ns: str, addr: str, seconds: int, streams: int = 1,
     return received
 
 
+# one TCP transfer of a known size, counted by its receiver until EOF (see transfer)
+_TRANSFER = r"""
+import socket, sys
+role, addr, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if role.startswith("listen"):
+    s = socket.create_server((addr, port))
+    print("ready", flush=True)
+    s.settimeout(60)
+    c, _ = s.accept()
+else:
+    c = socket.create_connection((addr, port), timeout=60)
+c.settimeout(60)
+if role.endswith("send"):
+    buf, left = b"x" * 65536, n
+    while left:
+        left -= c.send(buf[:left])
+    c.shutdown(socket.SHUT_WR)
+    c.recv(1)  # the receiver closes once it has read everything
+    print(n)
+else:
+    got = 0
+    while b := c.recv(65536):
+        got += len(b)
+    c.close()
+    print(got)
+"""
+
+
+def transfer(server_ns: str, client_ns: str, addr: str, nbytes: int, reverse: bool = False,
+             port: int = IPERF_PORT + 1, timeout: float = 120) -> int:
+    """Bytes that reached the receiver of one TCP transfer of ``nbytes``, client
+    in ``client_ns`` to a server on ``addr`` in ``server_ns`` (``reverse``: the
+    server sends).  The receiver counts until the sender's EOF, so a completed
+    transfer gives ``nbytes`` exactly; iperf3 -n counts only up to the moment
+    the sender has written its last byte, with megabytes still in flight on a
+    slow link.  A stalled or broken transfer raises RuntimeError."""
+    roles = ("listen-send", "connect-recv") if reverse else ("listen-recv", "connect-send")
+    srv = subprocess.Popen(["ip", "netns", "exec", server_ns, sys.executable, "-c", _TRANSFER, roles[0], addr,
+                            str(port), str(nbytes)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout is not None
+        if srv.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"transfer server on {addr} in {server_ns}: {srv.communicate(timeout=10)[1][-300:]}")
+        cli = subprocess.run(["ip", "netns", "exec", client_ns, sys.executable, "-c", _TRANSFER, roles[1], addr,
+                              str(port), str(nbytes)], capture_output=True, text=True, timeout=timeout)
+        out, err = srv.communicate(timeout=timeout)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.communicate()
+    if cli.returncode or srv.returncode:
+        raise RuntimeError(f"transfer to {addr}: client {cli.returncode} {cli.stderr.strip()[-300:]}, "
+                           f"server {srv.returncode} {err.strip()[-300:]}")
+    return int((cli.stdout if reverse else out).strip())
+
+
 @contextlib.contextmanager
 def journal_copy(log: Path, *idents: str) -> Iterator[None]:
     """journald is the syslog (a systemd guest, Debian's default install):

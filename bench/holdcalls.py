@@ -53,7 +53,7 @@ if "PYTHONPATH" not in os.environ:
 
 from pipexctl.entry import lean  # noqa: E402
 
-lean()  # before anything imports hashlib or pydantic, as the pipexctl command starts
+lean()  # before anything imports hashlib, as the pipexctl command starts
 
 from controlplane import Floor, nlmod, rcu_expedited  # noqa: E402
 from farm import call_lines, pppd_farm  # noqa: E402

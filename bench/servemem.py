@@ -5,16 +5,14 @@ the heap trimmed as serve trims it).  Each variant runs in a fresh
 interpreter, the variants interleaved (``--rounds``), so the machine's
 drift falls on all alike:
 
-- ``as-is``: serve as it ships (its entry point keeps OpenSSL and
-  pydantic's plugin loader out, ``pipexctl/entry.py``);
-- ``with-plugin-loader``: as it shipped until 2026-12-07's second change,
-  pydantic's plugin loader imported (and importlib.metadata with it);
-- ``defer-build``: pydantic builds each model on its first use instead of
-  at import (``defer_build`` for every model), the question being whether
-  serve uses so few of them that the rest never get built;
-- ``with-openssl``: as it shipped until 2026-12-07, OpenSSL's libcrypto
-  loaded (pydantic.fields imports pydantic.types, which imports secrets,
-  hmac and hashlib).
+- ``as-is``: serve as it ships (its entry point keeps OpenSSL out,
+  ``pipexctl/entry.py``);
+- ``with-openssl``: OpenSSL's libcrypto loaded, as a program that imports
+  the library without the entry point has it.
+
+(The variants of pydantic's plugin loader and of its deferred model builds
+went with pydantic, 2026-12-07; their figures are in docs/offload.md.  To
+compare two commits, run this script in a worktree of each.)
 
 ``--fds N`` measures instead what one fd in an epoll set costs, N UDP
 sockets registered in a ``selectors`` selector and in ``pipexctl.poller``
@@ -39,21 +37,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = ("as-is", "defer-build", "with-plugin-loader", "with-openssl")
+VARIANTS = ("as-is", "with-openssl")
 
 
 def child(variant: str, calls: int, log: str) -> dict:
     """In a fresh interpreter: import what serve imports, then read the log."""
     from pipexctl import entry
 
-    if variant in ("as-is", "defer-build"):
+    if variant == "as-is":
         entry.lean()
-    elif variant == "with-plugin-loader":
-        entry.without_openssl()
-    if variant == "defer-build":
-        from pydantic._internal import _config
-
-        _config.config_defaults["defer_build"] = True
     import gc
 
     import pipexctl.offload.server  # noqa: F401  # what serve imports
@@ -70,7 +62,8 @@ def child(variant: str, calls: int, log: str) -> dict:
     gc.collect()
     malloc.trim()
     out: dict = {"variant": variant, "imported": mib(), "libcrypto": _mapped("libcrypto"),
-                 "importlib_metadata": "importlib.metadata" in sys.modules}
+                 "importlib_metadata": "importlib.metadata" in sys.modules,
+                 "pydantic": any(m.split(".")[0] == "pydantic" for m in sys.modules)}
     if calls:
         w = CallWatch(Discovery([log], proc=False, kernel=False))
         w.first_read()

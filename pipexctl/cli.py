@@ -16,26 +16,24 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import click
-from pydantic import ValidationError
 
 from . import __version__, defaults, errors
 from .kernel.backend import KernelBackend, NetlinkBackend, PPPChannel
 from .model import Encap, Endpoint, PwType, Session, SessionSpec, TunnelSpec
 from .orchestrator import Orchestrator, meta_bytes
+from .records import Invalid, dump
 
 # A command's own modules (discovery, the daemon and its client, the kernel probes, the
 # PPPoL2TP socket, pppd's options files) are imported inside it: `pipexctl` starts on what
 # every command needs, and `pipexctl serve` loads no other command's code (its memory target)
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from .discovery.discovery import Discovery
 
 # a command function, through the option decorators unchanged
 F = TypeVar("F", bound=Callable[..., Any])
-# a spec model, built by _spec
-M = TypeVar("M", bound="BaseModel")
+# a spec record, built by _spec
+M = TypeVar("M")
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -71,16 +69,16 @@ class Boundary(click.Group):
         except errors.PipexError as e:
             click.echo(f"pipexctl: error: {e}", err=True)
             sys.exit(e.exit_code)
-        except ValidationError as e:
-            click.echo(f"pipexctl: error: {errors.first_error(e)}", err=True)
+        except Invalid as e:
+            click.echo(f"pipexctl: error: {e}", err=True)
             sys.exit(2)
 
 
 def _spec(cls: type[M], **kw: Any) -> M:
     try:
         return cls(**kw)
-    except ValidationError as e:
-        raise errors.InvalidArgumentError(errors.first_error(e)) from None
+    except Invalid as e:
+        raise errors.InvalidArgumentError(str(e)) from None
 
 
 def _endpoint(text: Optional[str], what: str) -> Optional[Endpoint]:
@@ -176,7 +174,7 @@ def addtun(app: AppContext, /, as_json: bool, **kw: Any) -> None:  # app: pass_o
     """
     t = app.orch.add_tunnel(_tunnel_spec(**kw))
     if as_json:
-        _emit_json(t.model_dump(mode="json"))
+        _emit_json(dump(t))
     else:
         click.echo(f"tunnel {t.tunnel_id} created (peer {t.peer_tunnel_id}, L2TPv{t.version}/{t.encap.value})")
 
@@ -212,7 +210,7 @@ def showtun(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
         if not tunnels:
             raise errors.NotFoundError(f"tunnel {tunnel_id} does not exist")
     if as_json:
-        _emit_json([t.model_dump(mode="json") for t in tunnels])
+        _emit_json([dump(t) for t in tunnels])
         return
     rows = [
         [t.tunnel_id, t.peer_tunnel_id, f"v{t.version}", t.encap.value, t.local or "-", t.remote or "-"]
@@ -363,8 +361,8 @@ def addsess(app: AppContext, args: tuple[str, ...], tunnel_id: Optional[int], pe
     if as_json:
         _emit_json(
             {
-                "tunnel": r.tunnel.model_dump(mode="json"),
-                "session": r.session.model_dump(mode="json"),
+                "tunnel": dump(r.tunnel),
+                "session": dump(r.session),
                 "tunnel_created": r.tunnel_created,
                 "channel": r.channel,
                 **framed,
@@ -420,7 +418,7 @@ def showsess(app: AppContext, tunnel_id: Optional[int], as_json: bool) -> None:
     """
     sessions = app.orch.sessions(tunnel_id)
     if as_json:
-        _emit_json([s.model_dump(mode="json") for s in sessions])
+        _emit_json([dump(s) for s in sessions])
         return
     _table(_session_rows(sessions), ["TUNNEL", "SESSION", "PEER-TUNNEL", "PEER-SESSION", "PW", "IFNAME"])
 
@@ -516,7 +514,7 @@ def stat(app: AppContext, tunnel_id: Optional[int], session_id: Optional[int], f
     else:
         sessions = app.orch.sessions(tunnel_id)
     if as_json:
-        _emit_json([{"tunnel_id": s.tunnel_id, "session_id": s.session_id, **s.stats.model_dump()} for s in sessions])
+        _emit_json([{"tunnel_id": s.tunnel_id, "session_id": s.session_id, **dump(s.stats)} for s in sessions])
         return
     rows = [
         [s.tunnel_id, s.session_id, s.stats.rx_packets, s.stats.rx_bytes, s.stats.rx_errors,
@@ -689,7 +687,10 @@ def watch(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
     try:
         for e in d.events(until=until):
             if as_json:
-                click.echo(e.model_dump_json(exclude={"call": {"pppd_argv"}}))
+                doc = e.dump()
+                if "call" in doc:
+                    del doc["call"]["pppd_argv"]
+                click.echo(json.dumps(doc, separators=(",", ":")))
             else:
                 if isinstance(e, (TunnelUp, TunnelDown)):
                     t = e.tunnel

@@ -103,17 +103,6 @@ def from_errno(code: int, what: str, action: str) -> PipexError:
     return KernelError(f"cannot {action} {what}: {_errno.errorcode.get(code, code)} ({os.strerror(code)})", errno=code)
 
 
-def first_error(e: Exception) -> str:
-    """The first message of a pydantic ValidationError (any other error: its text)."""
-    errs = getattr(e, "errors", None)
-    if callable(errs):
-        items = errs()
-        if items:
-            msg = str(items[0].get("msg", e))
-            return msg.removeprefix("Value error, ")
-    return str(e)
-
-
 def quietly(fn: Callable[[], object], log: Optional[logging.Logger] = None) -> None:
     """Run ``fn`` for its effect on a cleanup path: a PipexError does not
     stop the cleanup; it is logged as a warning on ``log`` (if given)."""

@@ -2,18 +2,20 @@
 
 Every layer above the kernel backend speaks these types.  Ids are validated
 for the protocol version (L2TPv2: 16-bit, 1..65535; L2TPv3: 32-bit,
-1..2**32-1), addresses and ports for their family and encapsulation.
+1..2**32-1), addresses and ports for their family and encapsulation, when
+a record is made (``records.check``); a refused value raises
+``records.Invalid`` (a ValueError).
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
-from typing import Any, NamedTuple, Optional, Union
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from dataclasses import dataclass, field
+from typing import Annotated, Any, NamedTuple, Optional, Union
 
 from .kernel import uapi
+from .records import Invalid, Limits, check
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
@@ -73,17 +75,22 @@ def max_id(version: int) -> int:
 def check_id(value: int, version: int, what: str) -> int:
     top = max_id(version)
     if not 1 <= value <= top:
-        raise ValueError(f"{what} {value} out of range for L2TPv{version} (1..{top})")
+        raise Invalid(f"{what} {value} out of range for L2TPv{version} (1..{top})")
     return value
 
 
-class Endpoint(BaseModel):
+Port = Annotated[int, Limits(ge=0, le=65535)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
     """An IP address and, for UDP encapsulation, a port."""
 
-    model_config = ConfigDict(frozen=True)
-
     address: IPAddress
-    port: int = Field(0, ge=0, le=65535)
+    port: Port = 0
+
+    def __post_init__(self) -> None:
+        check(self)
 
     @classmethod
     def parse(cls, text: str, default_port: int = 0) -> "Endpoint":
@@ -92,10 +99,10 @@ class Endpoint(BaseModel):
         if text.startswith("["):
             host, sep, rest = text[1:].partition("]")
             if not sep:
-                raise ValueError(f"bad endpoint {text!r}: missing ']'")
+                raise Invalid(f"bad endpoint {text!r}: missing ']'")
             port = rest[1:] if rest.startswith(":") else ""
             if rest and not rest.startswith(":"):
-                raise ValueError(f"bad endpoint {text!r}")
+                raise Invalid(f"bad endpoint {text!r}")
         elif text.count(":") == 1:
             host, _, port = text.partition(":")
         else:
@@ -103,10 +110,10 @@ class Endpoint(BaseModel):
         try:
             addr = ipaddress.ip_address(host)
         except ValueError:
-            raise ValueError(f"bad endpoint {text!r}: {host!r} is not an IP address") from None
+            raise Invalid(f"bad endpoint {text!r}: {host!r} is not an IP address") from None
         if port:
             if not port.isdigit() or not 0 <= int(port) <= 65535:
-                raise ValueError(f"bad endpoint {text!r}: port must be 0..65535")
+                raise Invalid(f"bad endpoint {text!r}: port must be 0..65535")
             return cls(address=addr, port=int(port))
         return cls(address=addr, port=default_port)
 
@@ -116,7 +123,8 @@ class Endpoint(BaseModel):
         return f"{self.address}:{self.port}"
 
 
-class TunnelSpec(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class TunnelSpec:
     """What to create: a kernel L2TP tunnel.
 
     Managed tunnel: ``fd`` is a bound and connected UDP (or L2TP/IP) socket
@@ -130,34 +138,28 @@ class TunnelSpec(BaseModel):
     encap: Encap = Encap.udp
     local: Optional[Endpoint] = None
     remote: Optional[Endpoint] = None
-    fd: Optional[int] = Field(None, ge=0)
+    fd: Optional[Annotated[int, Limits(ge=0)]] = None
     udp_csum: Optional[bool] = None
     udp6_zero_csum_tx: bool = False
     udp6_zero_csum_rx: bool = False
 
-    @field_validator("version")
-    @classmethod
-    def _version(cls, v: int) -> int:
-        if v not in (2, 3):
-            raise ValueError(f"L2TP version must be 2 or 3, not {v}")
-        return v
-
-    @model_validator(mode="after")
-    def _check(self) -> "TunnelSpec":
+    def __post_init__(self) -> None:
+        check(self)
+        if self.version not in (2, 3):
+            raise Invalid(f"L2TP version must be 2 or 3, not {self.version}")
         check_id(self.tunnel_id, self.version, "tunnel id")
         check_id(self.peer_tunnel_id, self.version, "peer tunnel id")
         if self.version == 2 and self.encap is not Encap.udp:
-            raise ValueError("L2TPv2 runs over UDP only (encap ip is L2TPv3)")
+            raise Invalid("L2TPv2 runs over UDP only (encap ip is L2TPv3)")
         if self.fd is None:
             if self.local is None or self.remote is None:
-                raise ValueError("an unmanaged tunnel (no fd) needs both local and remote addresses")
+                raise Invalid("an unmanaged tunnel (no fd) needs both local and remote addresses")
             if self.local.address.version != self.remote.address.version:
-                raise ValueError("local and remote addresses must be of the same family")
+                raise Invalid("local and remote addresses must be of the same family")
             if self.encap is Encap.udp and (not self.local.port or not self.remote.port):
-                raise ValueError("UDP encapsulation needs local and remote ports")
+                raise Invalid("UDP encapsulation needs local and remote ports")
         elif self.local and self.remote and self.local.address.version != self.remote.address.version:
-            raise ValueError("local and remote addresses must be of the same family")
-        return self
+            raise Invalid("local and remote addresses must be of the same family")
 
     @property
     def family(self) -> int:
@@ -168,8 +170,10 @@ class TunnelSpec(BaseModel):
         return f"tunnel {self.tunnel_id}"
 
 
-class SessionSpec(BaseModel):
-    """What to create: a kernel session in an existing tunnel."""
+@dataclass(slots=True, kw_only=True)
+class SessionSpec:
+    """What to create: a kernel session in an existing tunnel.  A cookie may
+    be given as hex text (the CLI's)."""
 
     tunnel_id: int
     session_id: int
@@ -179,55 +183,49 @@ class SessionSpec(BaseModel):
     ifname: Optional[str] = None
     cookie: Optional[bytes] = None
     peer_cookie: Optional[bytes] = None
-    l2spec_type: Optional[int] = Field(None, ge=0, le=1)
+    l2spec_type: Optional[Annotated[int, Limits(ge=0, le=1)]] = None
     recv_seq: Optional[bool] = None
     send_seq: Optional[bool] = None
     lns_mode: Optional[bool] = None
-    recv_timeout_ms: Optional[int] = Field(None, ge=0)
-    mtu: Optional[int] = Field(None, ge=68, le=65535)
+    recv_timeout_ms: Optional[Annotated[int, Limits(ge=0)]] = None
+    mtu: Optional[Annotated[int, Limits(ge=68, le=65535)]] = None
 
-    @field_validator("ifname")
-    @classmethod
-    def _ifname(cls, v: Optional[str]) -> Optional[str]:
-        if v is None:
-            return v
-        if not 1 <= len(v) <= 15 or any(c in v for c in "/ \t\n:") or v in (".", ".."):
-            raise ValueError(f"bad interface name {v!r} (1..15 characters, no '/', ':' or spaces)")
-        return v
-
-    @field_validator("cookie", "peer_cookie", mode="before")
-    @classmethod
-    def _cookie(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            try:
-                v = bytes.fromhex(v)
-            except ValueError:
-                raise ValueError(f"cookie {v!r} is not hex") from None
-        if v is not None and len(v) not in (4, 8):
-            raise ValueError("a cookie is 4 or 8 bytes (8 or 16 hex digits)")
-        return v
-
-    @model_validator(mode="after")
-    def _check(self) -> "SessionSpec":
+    def __post_init__(self) -> None:
+        self.cookie, self.peer_cookie = _cookie(self.cookie, "cookie"), _cookie(self.peer_cookie, "peer_cookie")
+        check(self)
+        v = self.ifname
+        if v is not None and (not 1 <= len(v) <= 15 or any(c in v for c in "/ \t\n:") or v in (".", "..")):
+            raise Invalid(f"bad interface name {v!r} (1..15 characters, no '/', ':' or spaces)")
         if self.version not in (2, 3):
-            raise ValueError(f"L2TP version must be 2 or 3, not {self.version}")
+            raise Invalid(f"L2TP version must be 2 or 3, not {self.version}")
         check_id(self.tunnel_id, self.version, "tunnel id")
         check_id(self.session_id, self.version, "session id")
         check_id(self.peer_session_id, self.version, "peer session id")
         if self.version == 2:
             if self.pw_type is not PwType.ppp:
-                raise ValueError("L2TPv2 carries PPP only (use --pw ppp)")
+                raise Invalid("L2TPv2 carries PPP only (use --pw ppp)")
             if self.cookie or self.peer_cookie:
-                raise ValueError("cookies are an L2TPv3 feature")
+                raise Invalid("cookies are an L2TPv3 feature")
         if self.pw_type is PwType.ppp and self.ifname:
-            raise ValueError("PPP sessions have no interface of their own (pppd creates pppN); drop --ifname")
-        return self
+            raise Invalid("PPP sessions have no interface of their own (pppd creates pppN); drop --ifname")
 
     def describe(self) -> str:
         return f"session {self.session_id} in tunnel {self.tunnel_id}"
 
 
-class Stats(BaseModel):
+def _cookie(v: Any, what: str) -> Any:
+    if isinstance(v, str):
+        try:
+            v = bytes.fromhex(v)
+        except ValueError:
+            raise Invalid(f"{what}: {v!r} is not hex") from None
+    if isinstance(v, bytes) and len(v) not in (4, 8):
+        raise Invalid(f"{what}: a cookie is 4 or 8 bytes (8 or 16 hex digits)")
+    return v
+
+
+@dataclass(slots=True, kw_only=True)
+class Stats:
     tx_packets: int = 0
     tx_bytes: int = 0
     tx_errors: int = 0
@@ -238,6 +236,9 @@ class Stats(BaseModel):
     rx_errors: int = 0
     rx_cookie_discards: int = 0
     rx_invalid: int = 0
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 class SessionCounters(NamedTuple):
@@ -261,7 +262,8 @@ class SessionCounters(NamedTuple):
     rx_invalid: int
 
 
-class Tunnel(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class Tunnel:
     """A tunnel as the kernel reports it."""
 
     tunnel_id: int
@@ -273,10 +275,14 @@ class Tunnel(BaseModel):
     udp_csum: Optional[bool] = None
     udp6_zero_csum_tx: bool = False
     udp6_zero_csum_rx: bool = False
-    stats: Stats = Field(default_factory=Stats)
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
-class Session(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class Session:
     """A session as the kernel reports it."""
 
     tunnel_id: int
@@ -293,7 +299,10 @@ class Session(BaseModel):
     lns_mode: bool = False
     recv_timeout_ms: Optional[int] = None
     using_ipsec: bool = False
-    stats: Stats = Field(default_factory=Stats)
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        check(self)
 
     def describe(self) -> str:
         return f"session {self.session_id} in tunnel {self.tunnel_id}"

@@ -8,6 +8,7 @@ session whose channel cannot be connected or handed off is deleted again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Callable, Iterator, Mapping, Optional
 from . import errors
 from .kernel.backend import KernelBackend, PPPChannel
 from .model import Session, SessionSpec, Tunnel, TunnelSpec
+from .records import Invalid
 
 log = logging.getLogger("pipexctl")
 
@@ -158,9 +160,9 @@ class Orchestrator:
             if kernel_tunnel.version != session.version:
                 # re-validate the ids for the tunnel's real version
                 try:
-                    session = SessionSpec(**{**session.model_dump(), "version": kernel_tunnel.version})
-                except ValueError as e:
-                    raise errors.InvalidArgumentError(errors.first_error(e)) from None
+                    session = dataclasses.replace(session, version=kernel_tunnel.version)
+                except Invalid as e:
+                    raise errors.InvalidArgumentError(str(e)) from None
             tx.create_session(session)
             kernel_session = self.backend.session_get(session.tunnel_id, session.session_id)
             channel_index = None

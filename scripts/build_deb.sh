@@ -2,7 +2,7 @@
 # `make deb`: dist/pipexctl_<version>_amd64.deb, with Debian's dpkg-deb.
 #
 # - the package and its Python dependencies under /usr/lib/pipexctl/python
-#   (Debian 12's python3-pydantic and python3-pyroute2 are too old), run by
+#   (Debian 12's python3-pyroute2 is too old), run by
 #   Debian's python3 (3.11: the same minor as the compiled wheels);
 # - the pppd plugin built against this machine's ppp-dev, in that pppd's
 #   plugin directory, with `Depends: ppp (= <that exact version>)`: pppd

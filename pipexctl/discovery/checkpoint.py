@@ -30,11 +30,11 @@ import json
 import os
 import re
 import time
-from typing import Literal, Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, ValidationError
-
-from .. import files
+from .. import files, records
+from ..records import Limits, check
 from .state import CallInfo, CallKey, Calls, Instance, TunnelInfo
 
 MAX_BYTES = 64 << 20
@@ -45,40 +45,60 @@ CURSOR = re.compile(r"^s=[0-9a-f]{32};i=[0-9a-f]{1,16};b=(?P<boot>[0-9a-f]{32});
                     r"t=[0-9a-f]{1,16};x=[0-9a-f]{1,16}$")
 
 
-class FilePos(BaseModel):
+# The file's records: checked when made (records.check), from the file by
+# records.load; a record that does not check makes the whole file ignored.
+
+
+@dataclass(kw_only=True)
+class FilePos:
     kind: Literal["file"] = "file"
     dev: int
     ino: int
-    offset: int = Field(ge=0, lt=1 << 62)
-    tail: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 of the TAIL bytes before offset (fewer at the start)
+    offset: Annotated[int, Limits(ge=0, lt=1 << 62)]
+    tail: Annotated[str, Limits(pattern=r"^[0-9a-f]{64}$")]  # sha256 of the TAIL bytes before offset (fewer at the start)
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
-class JournalPos(BaseModel):
+@dataclass(kw_only=True)
+class JournalPos:
     kind: Literal["journal"] = "journal"
-    cursor: str = Field(pattern=CURSOR.pattern)
+    cursor: Annotated[str, Limits(pattern=CURSOR.pattern)]
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
-class ParserState(BaseModel):
+@dataclass(kw_only=True)
+class ParserState:
     argv: Optional[list[str]] = None  # a pppd argv being read (its lines span reads)
     argv_pid: Optional[int] = None
     last_pid: Optional[int] = None
 
+    def __post_init__(self) -> None:
+        check(self)
 
-class InstanceState(BaseModel):
+
+@dataclass(kw_only=True)
+class InstanceState:
     name: str
     daemon_pid: Optional[int] = None
     kernel_mode: Optional[bool] = None
-    tunnels: list[TunnelInfo] = Field(default_factory=list)
-    calls: list[CallInfo] = Field(default_factory=list)
-    calling: list[tuple[int, int]] = Field(default_factory=list)
+    tunnels: list[TunnelInfo] = field(default_factory=list)
+    calls: list[CallInfo] = field(default_factory=list)
+    calling: list[tuple[int, int]] = field(default_factory=list)
     calling_seen: int = 0
     serial_anchor: Optional[tuple[int, int]] = None
     pending_argv: Optional[list[str]] = None
-    foreign_pids: list[int] = Field(default_factory=list)
+    foreign_pids: list[int] = field(default_factory=list)
     # a call's key; a bare call id in a checkpoint written before calls were keyed by peer too
     last_lac_call: Optional[Union[tuple[str, int], int]] = None
     status_tunnel: Optional[int] = None
     status_peer: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check(self)
 
     @classmethod
     def of(cls, ins: Instance) -> "InstanceState":
@@ -108,18 +128,26 @@ class InstanceState(BaseModel):
         return ins
 
 
-class SourceState(BaseModel):
+@dataclass(kw_only=True)
+class SourceState:
     name: str  # the log spec (--log): a position is only ever used for the same spec
-    position: Union[FilePos, JournalPos] = Field(discriminator="kind")
+    position: Union[FilePos, JournalPos]  # told apart by their "kind"
     parser: ParserState
     instances: list[InstanceState]
 
+    def __post_init__(self) -> None:
+        check(self)
 
-class Checkpoint(BaseModel):
+
+@dataclass(kw_only=True)
+class Checkpoint:
     version: Literal[1] = 1
-    boot_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    boot_id: Annotated[str, Limits(pattern=r"^[0-9a-f]{32}$")]
     written: float = 0.0
-    sources: list[SourceState] = Field(default_factory=list)
+    sources: list[SourceState] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 def boot_id() -> str:
@@ -155,8 +183,8 @@ def load(path: str) -> tuple[Optional[Checkpoint], Optional[str]]:
     if len(raw) > MAX_BYTES:
         return None, f"checkpoint {path}: larger than {MAX_BYTES >> 20} MiB; ignored"
     try:
-        cp = Checkpoint.model_validate_json(raw)
-    except ValidationError as e:
+        cp = records.load(Checkpoint, json.loads(raw))
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # Invalid is a ValueError, as json's errors
         return None, f"checkpoint {path}: not valid ({str(e).splitlines()[0][:200]}); ignored"
     if cp.boot_id != boot_id():
         return None, None  # written in an earlier boot: its calls are gone with that kernel
@@ -166,7 +194,7 @@ def load(path: str) -> tuple[Optional[Checkpoint], Optional[str]]:
 def encode(cp: Checkpoint) -> bytes:
     """The file's bytes.  The checkpoint refers to the tracker's live
     records: encode it under the lock that guards them."""
-    return cp.model_copy(update={"written": time.time()}).model_dump_json().encode()
+    return json.dumps(records.dump(replace(cp, written=time.time())), separators=(",", ":")).encode()
 
 
 def write(path: str, data: bytes) -> None:

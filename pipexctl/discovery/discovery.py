@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Literal, Optional, Protocol, Union
 
-from pydantic import ValidationError
-
 from .. import defaults, errors
 from ..kernel.backend import NetlinkBackend
 from . import checkpoint as cpt, logparse as lp, procscan
@@ -421,7 +419,7 @@ class Discovery:
         for s in self.sources:
             try:
                 pos = s.reader.position() if s.reader is not None else None
-            except (OSError, ValueError, ValidationError):  # read on later: the next start reads it whole
+            except (OSError, ValueError):  # read on later (a record refused is a ValueError): the next start reads it whole
                 pos = None
             if pos is None:
                 continue

@@ -11,14 +11,12 @@ emitted once: an object goes up once and down once.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-from typing import Annotated, Any, Callable, Literal, NamedTuple, Optional, Sequence, TypeVar, Union
-
-from pydantic import AfterValidator, BaseModel, Field, TypeAdapter
-from pydantic.dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Literal, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from ..indexed import Indexed, Several, drop, put, values_at
+from ..records import check, dump
 from . import logparse as lp
 
 DataPath = Literal["kernel", "userspace", "unknown"]
@@ -46,10 +44,9 @@ class CallKey(NamedTuple):
     call_id: int
 
 
-# The tracker's per-call and per-tunnel records are slotted, validated
-# dataclasses, not BaseModels: a BaseModel instance carries a __dict__ and a
-# fields-set set, about 1.4 KiB for a call against 0.3 KiB here, and a
-# daemon tracks one per call (bench: serve RSS at 10,000 calls).
+# The tracker's per-call and per-tunnel records are slotted, checked
+# dataclasses (records.check): a daemon tracks one per call (bench: serve
+# RSS at 10,000 calls).
 
 _SHARED_SOURCES: dict[tuple[str, ...], tuple[str, ...]] = {}
 
@@ -61,8 +58,8 @@ def shared_sources(names: tuple[str, ...]) -> tuple[str, ...]:
     return _SHARED_SOURCES.setdefault(names, names)
 
 
-# which sources told of a record, first first: immutable and shared
-Sources = Annotated[tuple[str, ...], AfterValidator(shared_sources)]
+# which sources told of a record, first first: immutable and shared (shared_sources)
+Sources = tuple[str, ...]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -86,11 +83,15 @@ class CallInfo:
     # when data_path last changed from one known path to another (epoch s;
     # a live move or its undo), None while it has not been seen to change
     path_changed: Optional[float] = None
-    since: float = Field(default_factory=time.time)
+    since: float = field(default_factory=time.time)
     sources: Sources = ()
     # two "Call established" lines named this pppd with other peer ids: one
     # of them is forged, and which cannot be told (never offloaded then)
     disputed: bool = False
+
+    def __post_init__(self) -> None:
+        check(self)
+        self.sources = shared_sources(self.sources)
 
     def ref(self) -> CallKey:
         """Its key in its instance's ``Calls``."""
@@ -110,9 +111,9 @@ class CallInfo:
             setattr(c, k, v)
         return c
 
-    def dump(self, **kw: Any) -> dict[str, Any]:  # kw: TypeAdapter.dump_python's options (exclude=...)
-        out: dict[str, Any] = _adapter(CallInfo).dump_python(self, mode="json", **kw)
-        return out
+    def dump(self, exclude: Collection[str] = ()) -> dict[str, Any]:
+        """Its fields in JSON's types, but those in ``exclude``."""
+        return _dump_but(self, exclude)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -124,8 +125,12 @@ class TunnelInfo:
     peer_port: Optional[int] = None
     tunnel_id: int  # ours
     peer_tunnel_id: Optional[int] = None
-    since: float = Field(default_factory=time.time)
+    since: float = field(default_factory=time.time)
     sources: Sources = ()
+
+    def __post_init__(self) -> None:
+        check(self)
+        self.sources = shared_sources(self.sources)
 
     def key(self) -> tuple[str, int]:
         return (self.instance, self.tunnel_id)
@@ -133,12 +138,19 @@ class TunnelInfo:
     def copy(self) -> "TunnelInfo":
         return _snapshot(self)
 
-    def dump(self, **kw: Any) -> dict[str, Any]:  # kw: TypeAdapter.dump_python's options (exclude=...)
-        out: dict[str, Any] = _adapter(TunnelInfo).dump_python(self, mode="json", **kw)
-        return out
+    def dump(self, exclude: Collection[str] = ()) -> dict[str, Any]:
+        """Its fields in JSON's types, but those in ``exclude``."""
+        return _dump_but(self, exclude)
 
 
 _Record = TypeVar("_Record", CallInfo, TunnelInfo)
+
+
+def _dump_but(rec: Union[CallInfo, TunnelInfo], exclude: Collection[str]) -> dict[str, Any]:
+    out: dict[str, Any] = dump(rec)
+    for k in exclude:
+        del out[k]
+    return out
 
 
 def _snapshot(rec: _Record) -> _Record:
@@ -155,37 +167,47 @@ def _snapshot(rec: _Record) -> _Record:
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (CallInfo, TunnelInfo)}
 
 
-@functools.cache
-def _adapter(cls: type[Union[CallInfo, TunnelInfo]]) -> TypeAdapter[Union[CallInfo, TunnelInfo]]:
-    return TypeAdapter(cls)  # built on first use: a schema build costs import time
+# Events: what a change to the model was, made by the tracker only (their
+# records were checked when made).  ``dump`` gives one in JSON's types, its
+# fields in order: ``at``, ``event``, then the event's own.
 
 
-class _Event(BaseModel):
-    at: float = Field(default_factory=time.time)
+@dataclass(kw_only=True)
+class _Event:
+    at: float = field(default_factory=time.time)
+
+    def dump(self) -> dict[str, Any]:
+        out: dict[str, Any] = dump(self)
+        return out
 
 
+@dataclass(kw_only=True)
 class TunnelUp(_Event):
     event: Literal["TunnelUp"] = "TunnelUp"
     tunnel: TunnelInfo
 
 
+@dataclass(kw_only=True)
 class TunnelDown(_Event):
     event: Literal["TunnelDown"] = "TunnelDown"
     tunnel: TunnelInfo
     reason: str = ""
 
 
+@dataclass(kw_only=True)
 class CallUp(_Event):
     event: Literal["CallUp"] = "CallUp"
     call: CallInfo
 
 
+@dataclass(kw_only=True)
 class CallDown(_Event):
     event: Literal["CallDown"] = "CallDown"
     call: CallInfo
     reason: str = ""
 
 
+@dataclass(kw_only=True)
 class DataPathChanged(_Event):
     event: Literal["DataPathChanged"] = "DataPathChanged"
     call: CallInfo
@@ -193,6 +215,7 @@ class DataPathChanged(_Event):
     new: DataPath
 
 
+@dataclass(kw_only=True)
 class CallUpdated(_Event):
     """A known call learned a missing fact (tunnel id, pppd PID, peer call id)."""
 

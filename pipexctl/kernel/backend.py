@@ -11,6 +11,7 @@ tests.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
@@ -242,7 +243,7 @@ class NullBackend(KernelBackend):
 
     def session_modify(self, tunnel_id: int, session_id: int, **kw: Any) -> None:
         s = self.session_get(tunnel_id, session_id)
-        self._sessions[(tunnel_id, session_id)] = s.model_copy(update={k: v for k, v in kw.items() if v is not None})
+        self._sessions[(tunnel_id, session_id)] = dataclasses.replace(s, **{k: v for k, v in kw.items() if v is not None})
 
     def session_get(self, tunnel_id: int, session_id: int) -> Session:
         if (tunnel_id, session_id) not in self._sessions:
@@ -256,7 +257,7 @@ class NullBackend(KernelBackend):
         return set(self._sessions)
 
     def session_counters(self) -> list[SessionCounters]:
-        return [SessionCounters(t, sid, *s.stats.model_dump().values()) for (t, sid), s in self._sessions.items()]
+        return [SessionCounters(t, sid, *dataclasses.astuple(s.stats)) for (t, sid), s in self._sessions.items()]
 
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
         self._maybe_fail("ppp_connect", session.describe(), "connect a PPPoL2TP socket to")

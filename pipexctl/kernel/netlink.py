@@ -106,6 +106,7 @@ from ..model import (  # noqa: E402
     Tunnel,
     TunnelSpec,
 )
+from ..records import names  # noqa: E402
 from . import uapi  # noqa: E402
 
 # linux/netlink.h
@@ -393,7 +394,7 @@ def _stats(msg: Any) -> Stats:
     if st is None:
         return Stats()
     values = {}
-    for name in Stats.model_fields:
+    for name in names(Stats):
         v = st.get_attr("L2TP_ATTR_" + name.upper())
         if v is not None:
             values[name] = v
@@ -470,7 +471,7 @@ def _ids(data: bytes, off: int, length: int) -> tuple[Optional[int], Optional[in
 
 
 # the kernel's counter attribute -> its place in SessionCounters' counters (Stats' order)
-_COUNTER_SLOT = {getattr(uapi, "L2TP_ATTR_" + name.upper()): i for i, name in enumerate(Stats.model_fields)}
+_COUNTER_SLOT = {getattr(uapi, "L2TP_ATTR_" + name.upper()): i for i, name in enumerate(names(Stats))}
 
 
 def _counters(data: bytes, off: int, length: int) -> Optional[SessionCounters]:

@@ -21,6 +21,7 @@ from typing import Optional
 
 from .. import defaults, errors
 from ..model import Stats
+from ..records import names
 from . import uapi
 
 _libc = ctypes.CDLL(defaults.LIBC, use_errno=True)
@@ -282,7 +283,7 @@ class PPPoL2TPSocket:
         buf = bytearray(bytes(st))
         fcntl.ioctl(self.fileno(), uapi.PPPIOCGL2TPSTATS, buf)
         st = pppol2tp_ioc_stats.from_buffer_copy(bytes(buf))
-        return Stats(**{k: getattr(st, k) for k, *_ in pppol2tp_ioc_stats._fields_ if k in Stats.model_fields})
+        return Stats(**{k: getattr(st, k) for k, *_ in pppol2tp_ioc_stats._fields_ if k in names(Stats)})
 
     def set_option(self, opt: int, value: int) -> None:
         self._sock.setsockopt(uapi.SOL_PPPOL2TP, opt, value)

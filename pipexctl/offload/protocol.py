@@ -49,9 +49,10 @@ that the socket it got is bound to ``tunnel_id``/``session_id``.
 from __future__ import annotations
 
 import json
-from typing import Literal, Optional
+from dataclasses import dataclass
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ..records import Invalid, Limits, check, load
 
 MAX_REQUEST = 4096
 VERSION = 4
@@ -61,19 +62,21 @@ ACK_TIMEOUT = 5.0
 OPS = ("status", "metrics", "reconcile", "channel", "move", "link", "path")
 
 
-class Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
     op: Literal["status", "metrics", "reconcile", "channel", "move", "link", "path"]
-    v: int = Field(1, ge=1, le=65535)
-    pid: Optional[int] = Field(None, ge=1)
+    v: Annotated[int, Limits(ge=1, le=65535)] = 1
+    pid: Optional[Annotated[int, Limits(ge=1)]] = None
     # "path" (the operator's move): where the calls go, and which (a call id, in one tunnel, or all)
     to: Optional[Literal["pty", "kernel"]] = None
-    call: Optional[int] = Field(None, ge=1, le=65535)
-    tunnel: Optional[int] = Field(None, ge=1, le=65535)
+    call: Optional[Annotated[int, Limits(ge=1, le=65535)]] = None
+    tunnel: Optional[Annotated[int, Limits(ge=1, le=65535)]] = None
     all: bool = False
     # "move" (from version 4): the asking pppd's ppp unit (pppd's own PPPIOCGUNIT)
-    unit: Optional[int] = Field(None, ge=0, le=2**31 - 1)
+    unit: Optional[Annotated[int, Limits(ge=0, le=2**31 - 1)]] = None
+
+    def __post_init__(self) -> None:
+        check(self)
 
     @property
     def acks(self) -> bool:
@@ -94,8 +97,8 @@ def parse_request(data: bytes) -> tuple[Optional[Request], Optional[str]]:
     if obj["op"] not in OPS:
         return None, "unknown_op"
     try:
-        req = Request.model_validate(obj)
-    except ValidationError:
+        req = load(Request, obj)  # keys it does not know are ignored
+    except Invalid:
         return None, "malformed_request"
     if req.op in ("move", "link") and req.v < MOVE_VERSION:
         return None, "move_needs_version_3"

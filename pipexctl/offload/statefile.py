@@ -47,52 +47,64 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Final, Iterable, Literal, Optional, Protocol, Sequence
+from typing import Annotated, Callable, Final, Iterable, Literal, Optional, Protocol, Sequence
 
-from pydantic import BaseModel, Field, ValidationError
-from pydantic.dataclasses import dataclass as pdataclass
-
-from .. import files
+from .. import files, records
 from ..model import Session, Tunnel
+from ..records import Limits, check
 
 VERSION: Final = 3
 MAX_BYTES: Final = 64 * 1024 * 1024  # a larger file is not read (10,000 calls: about 3 MB whole)
 
 
-# Records are slotted, validated, frozen dataclasses (one per offloaded
-# call is held in memory; see discovery.state.CallInfo); the file's
-# envelope is a BaseModel.
+# Records are slotted, checked, frozen dataclasses (one per offloaded call
+# is held in memory; see discovery.state.CallInfo).
+
+CallId = Annotated[int, Limits(ge=1, le=65535)]
+PeerId = Annotated[int, Limits(ge=0, le=65535)]  # 0 while xl2tpd had not learned it
+Port = Annotated[int, Limits(ge=1, le=65535)]
+Pid = Annotated[int, Limits(ge=1)]
 
 
-@pdataclass(slots=True, kw_only=True, frozen=True)
+@dataclass(slots=True, kw_only=True, frozen=True)
 class SessionRecord:
-    call_id: int = Field(ge=1, le=65535)
-    peer_call_id: int = Field(ge=0, le=65535)
-    pppd_pid: int = Field(ge=1)
+    call_id: CallId
+    peer_call_id: PeerId
+    pppd_pid: Pid
     role: str = "unknown"
-    pty: Optional[str] = Field(None, pattern=r"^/dev/pts/[0-9]{1,7}$")  # the slave end the daemon holds
+    pty: Optional[Annotated[str, Limits(pattern=r"^/dev/pts/[0-9]{1,7}$")]] = None  # the slave end the daemon holds
     moved: bool = False  # a running call moved from its pty (the plugin's live move), not offloaded at its start
     since: Optional[float] = None  # when its data path became the kernel (epoch seconds; None: an older record)
 
+    def __post_init__(self) -> None:
+        check(self)
 
-@pdataclass(slots=True, kw_only=True, frozen=True)
+
+@dataclass(slots=True, kw_only=True, frozen=True)
 class TunnelRecord:
     instance: str
-    tunnel_id: int = Field(ge=1, le=65535)
-    peer_tunnel_id: int = Field(ge=0, le=65535)
+    tunnel_id: CallId
+    peer_tunnel_id: PeerId
     local: str
     peer: str
-    peer_port: int = Field(ge=1, le=65535)
-    local_port: int = Field(ge=1, le=65535)
-    sessions: list[SessionRecord] = Field(default_factory=list)
-    xl2tpd_pid: Optional[int] = Field(None, ge=1)  # the verified parent of its pppds
+    peer_port: Port
+    local_port: Port
+    sessions: list[SessionRecord] = field(default_factory=list)
+    xl2tpd_pid: Optional[Pid] = None  # the verified parent of its pppds
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
-class State(BaseModel):
+@dataclass(slots=True, kw_only=True)
+class State:
     version: Literal[2, 3] = VERSION
     written: float = 0.0
     pid: int = 0
-    tunnels: list[TunnelRecord] = Field(default_factory=list)
+    tunnels: list[TunnelRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check(self)
 
 
 class _Invalid(Exception):
@@ -155,14 +167,14 @@ def _parse(raw: bytes) -> State:
                                "hang them up")
             if isinstance(doc, dict) and doc.get("version") == VERSION:
                 raise ValueError(f"a version {VERSION} header alone, without its end of line")
-            return State.model_validate(doc)
-        state = State.model_validate(doc)
+            return records.load(State, doc)
+        state = records.load(State, doc)
         lines = rest.split(b"\n")
         # the last piece is empty after a whole line, and a line cut off by a
         # crash in the middle of an append (its write never returned: ignored)
         state.tunnels = _replay(lines[:-1])
         return state
-    except (ValueError, UnicodeDecodeError, ValidationError, TypeError, RecursionError) as e:
+    except (ValueError, UnicodeDecodeError, TypeError, RecursionError) as e:  # Invalid is a ValueError
         raise _Invalid(str(e).splitlines()[0][:200] if str(e) else type(e).__name__) from None
 
 

@@ -3,6 +3,7 @@ model ends up where one reader reading on would be (discovery/checkpoint.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipexctl.discovery import checkpoint as cpt
 from pipexctl.discovery.discovery import Discovery
+from pipexctl.records import dump, load
 
 from .conftest import DATA, model
 
@@ -172,8 +174,8 @@ def test_a_checkpoint_of_calls_keyed_by_id_alone_is_read():
     from pipexctl.discovery.state import CallInfo, CallKey
 
     call = CallInfo(instance="lac", role="lac", peer="10.99.1.1", tunnel_id=5, call_id=77)
-    old = cpt.InstanceState.model_validate({"name": "lac", "calls": [call.dump()], "last_lac_call": 77})
+    old = load(cpt.InstanceState, {"name": "lac", "calls": [call.dump()], "last_lac_call": 77})
     assert old.instance().last_lac_call == CallKey("10.99.1.1", 77)
     ins = old.instance()
-    again = cpt.InstanceState.model_validate_json(cpt.InstanceState.of(ins).model_dump_json()).instance()
+    again = load(cpt.InstanceState, json.loads(json.dumps(dump(cpt.InstanceState.of(ins))))).instance()
     assert again.last_lac_call == ("10.99.1.1", 77) and list(again.calls) == [("10.99.1.1", 77)]

@@ -96,6 +96,17 @@ def test_click_usage_errors_exit_2(run):
     assert r.exit_code == 2
 
 
+def test_json_gives_cookies_as_the_hex_they_were_given_in(run):
+    """A cookie is bytes, not text: the JSON of a session gives it as hex,
+    as --cookie takes it, whatever its bytes (pydantic's dump gave bytes as
+    UTF-8 text, and refused a cookie that is not)."""
+    r = run(*EXAMPLE, "--cookie", "00ff10a0", "--peer-cookie", "0123456789abcdef", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)["session"]
+    assert (out["cookie"], out["peer_cookie"]) == ("00ff10a0", "0123456789abcdef")
+    assert json.loads(run("showsess", "--json").output)[0]["cookie"] == "00ff10a0"
+
+
 def test_show_stat_delete(run):
     assert run(*EXAMPLE).exit_code == 0
     r = run("showsess")

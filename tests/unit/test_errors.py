@@ -1,6 +1,6 @@
 """errors: the hierarchy and exit codes the CLI's boundary relies on, the
-kernel errno turned into an operator's message, first_error on pydantic's
-ValidationError, and the cleanup helpers quietly and gone_ok."""
+kernel errno turned into an operator's message, and the cleanup helpers
+quietly and gone_ok."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import errno
 import logging
 
 import pytest
-from pydantic import BaseModel, ValidationError, field_validator
 
 from pipexctl import errors
 
@@ -59,54 +58,6 @@ def test_from_errno_of_an_unnamed_code_still_says_the_number():
     e = errors.from_errno(4000, "session 5 in tunnel 10", "create")
     assert type(e) is errors.KernelError and e.errno == 4000
     assert str(e).startswith("cannot create session 5 in tunnel 10: 4000 (")
-
-
-class Spec(BaseModel):
-    tunnel_id: int
-    peer: str
-
-    @field_validator("peer")
-    @classmethod
-    def _peer(cls, v: str) -> str:
-        if not v:
-            raise ValueError("peer must not be empty")
-        return v
-
-
-def validation_error(**kw) -> ValidationError:
-    with pytest.raises(ValidationError) as e:
-        Spec(**kw)
-    return e.value
-
-
-def test_first_error_drops_pydantics_value_error_prefix():
-    e = validation_error(tunnel_id=10, peer="")
-    assert "Value error, peer must not be empty" in str(e)
-    assert errors.first_error(e) == "peer must not be empty"
-
-
-def test_first_error_is_the_first_of_several_and_only_that():
-    e = validation_error(tunnel_id="ten", peer="")
-    assert len(e.errors()) == 2
-    assert errors.first_error(e) == e.errors()[0]["msg"] == "Input should be a valid integer, unable to parse " \
-                                                             "string as an integer"
-
-
-def test_first_error_of_any_other_error_is_its_text():
-    assert errors.first_error(ValueError("bad port 70000")) == "bad port 70000"
-    assert errors.first_error(errors.NotFoundError("tunnel 10 does not exist")) == "tunnel 10 does not exist"
-
-
-def test_first_error_of_an_error_with_an_attribute_named_errors_is_its_text():
-    class Batch(Exception):
-        errors = ["not callable"]
-
-    class Empty(Exception):
-        def errors(self):
-            return []
-
-    assert errors.first_error(Batch("two failed")) == "two failed"
-    assert errors.first_error(Empty("nothing listed")) == "nothing listed"
 
 
 def raises(exc):

@@ -20,7 +20,7 @@ ROOT = pathlib.Path(pipexctl.__file__).parent
 
 # lowest first: (layer, modules), where "x." stands for every module under x
 LAYERS = [
-    ("base", ("pipexctl", "pipexctl.__version__", "pipexctl.errors", "pipexctl.files", "pipexctl.defaults", "pipexctl.netns", "pipexctl.indexed", "pipexctl.poller", "pipexctl.kernel.uapi",
+    ("base", ("pipexctl", "pipexctl.__version__", "pipexctl.errors", "pipexctl.files", "pipexctl.defaults", "pipexctl.netns", "pipexctl.indexed", "pipexctl.poller", "pipexctl.records", "pipexctl.kernel.uapi",
               "pipexctl.kernel", "pipexctl.discovery", "pipexctl.offload")),  # the package __init__s are empty
     ("model", ("pipexctl.model",)),
     ("kernel backend", ("pipexctl.kernel.",)),

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, strategies as st
-from pydantic import ValidationError
 
 from pipexctl.kernel import uapi
 from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
+from pipexctl.records import Invalid
 
 
 def tspec(**kw):
@@ -21,7 +21,7 @@ def test_tunnel_id_ranges(tid, version):
     if ok:
         assert tspec(tunnel_id=tid, version=version).tunnel_id == tid
     else:
-        with pytest.raises(ValidationError, match=f"tunnel id {tid} out of range for L2TPv{version}"):
+        with pytest.raises(Invalid, match=f"tunnel id {tid} out of range for L2TPv{version}"):
             tspec(tunnel_id=tid, version=version)
 
 
@@ -33,7 +33,7 @@ def test_session_id_ranges(sid, version):
     if ok:
         assert mk().session_id == sid
     else:
-        with pytest.raises(ValidationError, match="session id"):
+        with pytest.raises(Invalid, match="session id"):
             mk()
 
 
@@ -56,22 +56,22 @@ def test_endpoint_parse_rejects(text):
 
 
 def test_version_rules():
-    with pytest.raises(ValidationError, match="L2TPv2 runs over UDP only"):
+    with pytest.raises(Invalid, match="L2TPv2 runs over UDP only"):
         tspec(version=2, encap=Encap.ip)
-    with pytest.raises(ValidationError, match="version must be 2 or 3"):
+    with pytest.raises(Invalid, match="version must be 2 or 3"):
         tspec(version=4)
-    with pytest.raises(ValidationError, match="L2TPv2 carries PPP only"):
+    with pytest.raises(Invalid, match="L2TPv2 carries PPP only"):
         SessionSpec(tunnel_id=1, session_id=1, peer_session_id=1, version=2, pw_type=PwType.eth)
-    with pytest.raises(ValidationError, match="cookies are an L2TPv3 feature"):
+    with pytest.raises(Invalid, match="cookies are an L2TPv3 feature"):
         SessionSpec(tunnel_id=1, session_id=1, peer_session_id=1, version=2, pw_type=PwType.ppp, cookie="01020304")
 
 
 def test_unmanaged_tunnel_needs_addresses_and_ports():
-    with pytest.raises(ValidationError, match="needs both local and remote"):
+    with pytest.raises(Invalid, match="needs both local and remote"):
         TunnelSpec(tunnel_id=1, peer_tunnel_id=2)
-    with pytest.raises(ValidationError, match="needs local and remote ports"):
+    with pytest.raises(Invalid, match="needs local and remote ports"):
         tspec(local=Endpoint.parse("10.0.0.1"))
-    with pytest.raises(ValidationError, match="same family"):
+    with pytest.raises(Invalid, match="same family"):
         tspec(remote=Endpoint.parse("[::1]:5"))
     assert tspec(encap=Encap.ip, local=Endpoint.parse("10.0.0.1"), remote=Endpoint.parse("10.0.0.2")).encap is Encap.ip
     # managed: the socket has the addresses
@@ -85,7 +85,7 @@ def test_ifname(name, ok):
     if ok:
         assert mk().ifname == name
     else:
-        with pytest.raises(ValidationError):
+        with pytest.raises(Invalid):
             mk()
 
 
@@ -93,12 +93,12 @@ def test_cookie():
     s = SessionSpec(tunnel_id=1, session_id=1, peer_session_id=1, cookie="0102030405060708", peer_cookie=b"abcd")
     assert s.cookie == bytes(range(1, 9)) and s.peer_cookie == b"abcd"
     for bad in ("010203", "zz" * 4, b"123456"):
-        with pytest.raises(ValidationError):
+        with pytest.raises(Invalid):
             SessionSpec(tunnel_id=1, session_id=1, peer_session_id=1, cookie=bad)
 
 
 def test_ppp_session_has_no_ifname():
-    with pytest.raises(ValidationError, match="PPP sessions have no interface"):
+    with pytest.raises(Invalid, match="PPP sessions have no interface"):
         SessionSpec(tunnel_id=1, session_id=1, peer_session_id=1, version=2, pw_type=PwType.ppp, ifname="ppp0")
 
 

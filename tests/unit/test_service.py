@@ -17,6 +17,7 @@ from pipexctl.discovery.state import CallInfo
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload.datapath import NullDataPath
 from pipexctl.offload.server import OffloadServer
+from pipexctl.records import dump
 
 from .conftest import call as srv_call, offload
 
@@ -42,7 +43,7 @@ def state(svc):
 
     st = read(svc.state_path)
     assert st is not None, "the state file is missing or not valid"
-    return json.loads(st.model_dump_json())
+    return dump(st)
 
 
 def nothing_left(svc):
@@ -181,7 +182,7 @@ def test_the_hand_off_sends_its_own_copy_of_the_tunnel_socket(svc):
 def _rebuilt(svc):
     from pipexctl.offload.statefile import State
 
-    return json.loads(State(tunnels=[t.record() for t in svc.tunnels.values()]).model_dump_json())["tunnels"]
+    return dump(State(tunnels=[t.record() for t in svc.tunnels.values()]))["tunnels"]
 
 
 def _as_set(tunnels):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -9,6 +10,7 @@ import os
 from pipexctl.model import Encap, Endpoint, PwType, Session, Tunnel
 from pipexctl.offload import statefile
 from pipexctl.offload.statefile import SessionRecord, State, TunnelRecord
+from pipexctl.records import dump
 
 
 def rec(tid=10, ptid=20, port=40000, sessions=((1, 2, 100),)):
@@ -50,7 +52,7 @@ def test_corrupt_or_invalid_files_are_moved_aside_never_trusted(tmp_path):
         "binary": b"\xff\xfe\x00garbage",
         "wrong-version": json.dumps({"version": 9, "tunnels": []}).encode(),
         "out-of-range": json.dumps({"version": 2, "tunnels": [
-            {**json.loads(State(tunnels=[rec()]).model_dump_json())["tunnels"][0], "tunnel_id": 70000}]}).encode(),
+            {**dump(State(tunnels=[rec()]))["tunnels"][0], "tunnel_id": 70000}]}).encode(),
         "wrong-type": b"[1, 2, 3]",
         # a journal (version 3): each line must be a record, and follow from the lines before it
         "journal-header-torn": head[:-1],
@@ -99,8 +101,8 @@ def test_a_journal_replays_its_changes_and_ignores_a_torn_last_line(tmp_path):
 def test_a_version_2_file_is_read(tmp_path):
     """The file a daemon before the journal wrote: one JSON document."""
     path = tmp_path / "state.json"
-    doc = {"version": 2, "written": 1.0, "pid": 7, "tunnels": json.loads(
-        State(tunnels=[rec(10, 20, 40000, [(1, 2, 100)])]).model_dump_json())["tunnels"]}
+    doc = {"version": 2, "written": 1.0, "pid": 7, "tunnels": dump(
+        State(tunnels=[rec(10, 20, 40000, [(1, 2, 100)])]))["tunnels"]}
     path.write_text(json.dumps(doc))
     st, warning = statefile.load(str(path))
     assert warning is None and st.tunnels == [rec(10, 20, 40000, [(1, 2, 100)])]
@@ -119,8 +121,8 @@ def test_plan_adopts_live_calls_and_removes_orphans():
 
 def test_plan_never_touches_a_kernel_tunnel_that_is_not_ours():
     # same id, but another peer id, local port or peer: xl2tpd's kernel mode or another tool owns it
-    other_peer = ktun(12, 22, 40002).model_copy(
-        update={"remote": Endpoint(address=ipaddress.ip_address("10.0.0.9"), port=1701)})
+    other_peer = dataclasses.replace(
+        ktun(12, 22, 40002), remote=Endpoint(address=ipaddress.ip_address("10.0.0.9"), port=1701))
     state = State(tunnels=[rec(10, 20, 40000), rec(11, 21, 40001), rec(12, 22, 40002)])
     p = statefile.plan(state, [ktun(10, 99, 40000), ktun(11, 21, 1701), other_peer],
                        [ksess(10, 1), ksess(11, 1), ksess(12, 1)], lambda *k: False)
@@ -269,15 +271,15 @@ def test_the_journal_is_written_whole_again_once_it_outgrows_what_it_says(tmp_pa
 
 def test_the_hand_encoding_is_what_the_model_writes_and_reads_back(tmp_path):
     """The file is joined from lines encoded by hand (statefile.*_line);
-    they must say what pydantic's own dump of the same records says, and
-    load back through the models' validation."""
+    they must say what the records' own dump (records.dump) says, and load
+    back through the records' checks."""
     recs = [rec(10, 20, 40000, ((1, 2, 100), (3, 4, 101))), rec(30, 31, 1701, ()),
             TunnelRecord(instance='xl2tpd@7 "x"', tunnel_id=5, peer_tunnel_id=6, local="10.0.0.1", peer="10.0.0.2",
                          peer_port=1702, local_port=1701, xl2tpd_pid=77,
                          sessions=[SessionRecord(call_id=9, peer_call_id=0, pppd_pid=5, role="lac",
                                                  pty="/dev/pts/3", moved=True, since=1.5)])]
     for r in recs:
-        model = json.loads(State(tunnels=[r]).model_dump_json())["tunnels"][0]
+        model = dump(State(tunnels=[r]))["tunnels"][0]
         assert json.loads(statefile.tunnel_line(r))["tunnel"] == {k: v for k, v in model.items() if k != "sessions"}
         for s, want in zip(r.sessions, model["sessions"]):
             assert json.loads(statefile.session_line(r.instance, r.tunnel_id, s))["session"] == \
@@ -293,7 +295,7 @@ def test_a_version_2_file_over_several_lines_trailing_zeros_and_deep_nesting(tmp
     last line (a power loss) are not read; a document nested past the
     parser's depth is invalid, never a crash."""
     path = tmp_path / "state.json"
-    doc = {"version": 2, "tunnels": json.loads(State(tunnels=[rec()]).model_dump_json())["tunnels"]}
+    doc = {"version": 2, "tunnels": dump(State(tunnels=[rec()]))["tunnels"]}
     path.write_text(json.dumps(doc, indent=2) + "\n")
     assert statefile.load(str(path)) == (State(version=2, tunnels=[rec()]), None)
     statefile.save(str(path), State(tunnels=[rec()]))

@@ -141,9 +141,8 @@ def main():
                                                    tunnel_too=not p["keep_tunnel"])
     except errors.PipexError as e:
         module.fail_json(msg=str(e))
-    except ValueError as e:  # pydantic validation (ids out of range, bad endpoints)
-        first = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e)
-        module.fail_json(msg=first.removeprefix("Value error, "))
+    except ValueError as e:  # a spec refused (records.Invalid: ids out of range, bad endpoints)
+        module.fail_json(msg=str(e))
     finally:
         if backend is not None:
             backend.close()

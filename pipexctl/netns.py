@@ -11,7 +11,6 @@ import contextlib
 import ctypes
 import os
 import subprocess
-import uuid
 from typing import Any, Iterator
 
 from . import defaults
@@ -62,7 +61,7 @@ class Pair:
     A6, B6 = "fd00:98::1", "fd00:98::2"
 
     def __init__(self, prefix: str = "pxt", mtu: int = 1500) -> None:
-        tag = uuid.uuid4().hex[:6]
+        tag = os.urandom(3).hex()
         self.a, self.b = f"{prefix}{tag}a", f"{prefix}{tag}b"
         self.mtu = mtu
 

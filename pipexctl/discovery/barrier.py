@@ -28,7 +28,6 @@ written before it is sent, so no forged line can pass for it.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import time
 from typing import Literal, Optional
@@ -85,7 +84,7 @@ class LogBarrier:
                 return
 
     def _send(self) -> bool:
-        nonce = secrets.token_hex(16)
+        nonce = os.urandom(16).hex()  # secrets.token_hex's own call, without secrets' imports (hmac, base64)
         msg = f"<{_PRI}>pipexctl[{os.getpid()}]: log barrier {nonce}".encode()
         try:
             if self._sock is None:

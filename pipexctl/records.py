@@ -182,30 +182,10 @@ def _checker(tp: Any) -> Check:  # noqa: C901 -- one branch per kind of annotati
                     return v
             raise Invalid(f"must be one of {', '.join(repr(a) for a in args)}, not {v!r}")
         return literal
-    if tp is bool:
-        def boolean(v: Any) -> Any:
-            if type(v) is not bool:
-                raise Invalid(f"must be true or false, not {_kind(v)}")
-            return v
-        return boolean
+    if tp in _EXACT:
+        return _exact(tp, _EXACT[tp], limits[0].pattern if limits else None)
     if tp is int or tp is float:
         return _number(tp, limits)
-    if tp is str:
-        rx = re.compile(limits[0].pattern) if limits and limits[0].pattern else None
-
-        def string(v: Any) -> Any:
-            if type(v) is not str:
-                raise Invalid(f"must be a string, not {_kind(v)}")
-            if rx is not None and not rx.search(v):
-                raise Invalid(f"{v[:80]!r} does not match {rx.pattern}")
-            return v
-        return string
-    if tp is bytes:
-        def raw(v: Any) -> Any:
-            if type(v) is not bytes:
-                raise Invalid(f"must be bytes, not {_kind(v)}")
-            return v
-        return raw
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         enum_cls = tp
 
@@ -246,6 +226,21 @@ def _address(classes: tuple[type, ...], what: str) -> Check:
                     return a
         raise Invalid(f"{str(v)[:80]!r} is not {what}")
     return address
+
+
+_EXACT = {bool: "true or false", str: "a string", bytes: "bytes"}  # that type itself, no subclass
+
+
+def _exact(t: type, what: str, pattern: Optional[str]) -> Check:
+    rx = re.compile(pattern) if pattern else None
+
+    def exact(v: Any) -> Any:
+        if type(v) is not t:
+            raise Invalid(f"must be {what}, not {_kind(v)}")
+        if rx is not None and not rx.search(text := typing.cast(str, v)):  # a pattern is given for str only
+            raise Invalid(f"{text[:80]!r} does not match {rx.pattern}")
+        return v
+    return exact
 
 
 def _union(tp: Any, args: tuple[Any, ...]) -> Check:

@@ -690,7 +690,7 @@ def watch(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
                 doc = e.dump()
                 if "call" in doc:
                     del doc["call"]["pppd_argv"]
-                click.echo(json.dumps(doc, separators=(",", ":")))
+                click.echo(json.dumps(doc, separators=(",", ":"), ensure_ascii=False))  # as pydantic's dump wrote it
             else:
                 if isinstance(e, (TunnelUp, TunnelDown)):
                     t = e.tunnel

@@ -41,8 +41,9 @@ class Invalid(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Bounds of a number (``ge`` <= v <= ``le``, v < ``lt``) or a pattern a
-    string must match (``re.search``, so anchor it)."""
+    """Bounds of a number (``ge`` <= v <= ``le``, v < ``lt``) or a pattern
+    the whole string must match (``re.fullmatch``: a ``$`` does not let a
+    final newline through)."""
 
     ge: Optional[float] = None
     le: Optional[float] = None
@@ -133,14 +134,16 @@ def _nested(tp: Any, v: Any, where: str) -> Any:
         arms = [a for a in typing.get_args(tp) if a is not type(None)]
         if v is None or not any(_has_records(a) for a in arms):
             return v
-        last: Optional[Invalid] = None
+        errs: list[Invalid] = []
         for a in arms:
             try:
                 return _nested(a, v, where)
             except Invalid as e:
-                last = e
-        assert last is not None
-        raise last
+                errs.append(e)
+        # records in a union are told apart by a literal field "kind": the
+        # error of the arm whose kind the dict gave is the one that tells
+        own = [e for e in errs if not str(e).startswith(f"{where}.kind: ")]
+        raise (own or errs)[0]
     if origin in (list, tuple) and isinstance(v, list) and _has_records(tp):
         args = typing.get_args(tp)
         if origin is list or (len(args) == 2 and args[1] is Ellipsis):
@@ -180,7 +183,7 @@ def _checker(tp: Any) -> Check:  # noqa: C901 -- one branch per kind of annotati
             for a in args:
                 if v == a and type(v) is type(a):
                     return v
-            raise Invalid(f"must be one of {', '.join(repr(a) for a in args)}, not {v!r}")
+            raise Invalid(f"must be one of {', '.join(repr(a) for a in args)}, not {_show(v)}")
         return literal
     if tp in _EXACT:
         return _exact(tp, _EXACT[tp], limits[0].pattern if limits else None)
@@ -195,7 +198,7 @@ def _checker(tp: Any) -> Check:  # noqa: C901 -- one branch per kind of annotati
             try:
                 return enum_cls(v)
             except ValueError:
-                raise Invalid(f"must be one of {', '.join(repr(m.value) for m in enum_cls)}, not {v!r}") from None
+                raise Invalid(f"must be one of {', '.join(repr(m.value) for m in enum_cls)}, not {_show(v)}") from None
         return member
     if tp in _ADDRESSES:
         return _address((tp,), f"an IPv{4 if tp is ipaddress.IPv4Address else 6} address")
@@ -224,7 +227,7 @@ def _address(classes: tuple[type, ...], what: str) -> Check:
             else:
                 if isinstance(a, classes):
                     return a
-        raise Invalid(f"{str(v)[:80]!r} is not {what}")
+        raise Invalid(f"{_show(v)} is not {what}")
     return address
 
 
@@ -237,8 +240,8 @@ def _exact(t: type, what: str, pattern: Optional[str]) -> Check:
     def exact(v: Any) -> Any:
         if type(v) is not t:
             raise Invalid(f"must be {what}, not {_kind(v)}")
-        if rx is not None and not rx.search(text := typing.cast(str, v)):  # a pattern is given for str only
-            raise Invalid(f"{text[:80]!r} does not match {rx.pattern}")
+        if rx is not None and not rx.fullmatch(typing.cast(str, v)):  # a pattern is given for str only
+            raise Invalid(f"{_show(v)} does not match {rx.pattern}")
         return v
     return exact
 
@@ -274,12 +277,17 @@ def _number(tp: type, limits: tuple[Limits, ...]) -> Check:
         if not (t is int or (want_float and t is float)):
             raise Invalid(f"must be {'a number' if want_float else 'an integer'}, not {_kind(v)}")
         if lim.ge is not None and v < lim.ge:
-            raise Invalid(f"{v} is below {_n(lim.ge)}")
+            raise Invalid(f"{_show(v)} is below {_n(lim.ge)}")
         if lim.le is not None and v > lim.le:
-            raise Invalid(f"{v} is above {_n(lim.le)}")
+            raise Invalid(f"{_show(v)} is above {_n(lim.le)}")
         if lim.lt is not None and v >= lim.lt:
-            raise Invalid(f"{v} is not below {_n(lim.lt)}")
-        return float(v) if want_float and t is int else v
+            raise Invalid(f"{_show(v)} is not below {_n(lim.lt)}")
+        if want_float and t is int:
+            try:
+                return float(v)
+            except OverflowError:  # JSON's ints have no bound; a float's range ends near 1.8e308
+                raise Invalid(f"{_show(v)} is out of a number's range") from None
+        return v
     return number
 
 
@@ -304,14 +312,30 @@ def _sequence(origin: Any, args: tuple[Any, ...]) -> Check:
 
     def fixed(v: Any) -> Any:
         if not isinstance(v, (list, tuple)) or len(v) != len(items):
-            raise Invalid(f"must be a list of {len(items)}, not {_kind(v)}")
-        out = tuple(fn(x) for fn, x in zip(items, v))
-        return v if type(v) is tuple and all(a is b for a, b in zip(out, v)) else out
+            what = f"{len(v)} items" if isinstance(v, (list, tuple)) else _kind(v)
+            raise Invalid(f"must be a list of {len(items)} items, not {what}")
+        out = []
+        for i, (fn, x) in enumerate(zip(items, v)):
+            try:
+                out.append(fn(x))
+            except Invalid as e:
+                raise Invalid(f"{i}: {e}") from None
+        return v if type(v) is tuple and all(a is b for a, b in zip(out, v)) else tuple(out)
     return fixed
 
 
 def _kind(v: Any) -> str:
     return "null" if v is None else type(v).__name__
+
+
+def _show(v: Any) -> str:
+    """A refused value in a message: a scalar's text cut short, else its kind
+    (the repr of a JSON list nested a thousand deep would recurse past the
+    limit that json's own parser stayed within)."""
+    if v is None or type(v) in (bool, int, float, str):
+        text = repr(v)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return _kind(v)
 
 
 def _n(x: float) -> str:

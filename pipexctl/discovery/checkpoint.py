@@ -207,4 +207,4 @@ def cursor_of(line: bytes) -> Optional[str]:
         cur = json.loads(line).get("__CURSOR")
     except (ValueError, AttributeError):
         return None
-    return cur if isinstance(cur, str) and CURSOR.match(cur) else None
+    return cur if isinstance(cur, str) and CURSOR.fullmatch(cur) else None

@@ -149,7 +149,7 @@ _Record = TypeVar("_Record", CallInfo, TunnelInfo)
 def _dump_but(rec: Union[CallInfo, TunnelInfo], exclude: Collection[str]) -> dict[str, Any]:
     out: dict[str, Any] = dump(rec)
     for k in exclude:
-        del out[k]
+        out.pop(k, None)
     return out
 
 

@@ -9,11 +9,12 @@ decoded JSON (nested records included), :func:`dump` turns one back into
 JSON types.  A refused value raises :class:`Invalid`, a ValueError whose
 message starts with the field's name.
 
-Written by hand, not with pydantic or msgspec: pydantic's import was 14 to
-15 MiB of `pipexctl serve`'s resident memory (a quarter of it at 10,000
-calls, against a target of 50 MiB), msgspec's 3.7 MiB, and msgspec checks
-a record only when it decodes one, not when code makes it.  What the
-records need is small: ints, floats, strings, booleans, enums, IP
+Written by hand, not with pydantic or msgspec: pydantic and the models
+built with it were 10 MiB of `pipexctl serve`'s 30 at start, and the
+daemon at 10,000 calls rested 9 to 12 MiB higher with them (its target
+is 50 MiB; docs/offload.md); msgspec's import is 3.7 MiB, and msgspec
+checks a record only when it decodes one, not when code makes it.  What
+the records need is small: ints, floats, strings, booleans, enums, IP
 addresses, literals, optionals, unions, tuples, lists and nested records.
 
 The checks are strict: JSON's types as they are (an int is not a string of

@@ -72,6 +72,11 @@ def max_id(version: int) -> int:
     return V2_MAX_ID if version == 2 else V3_MAX_ID
 
 
+def check_version(version: int) -> None:
+    if version not in (2, 3):
+        raise Invalid(f"L2TP version must be 2 or 3, not {version}")
+
+
 def check_id(value: int, version: int, what: str) -> int:
     top = max_id(version)
     if not 1 <= value <= top:
@@ -145,8 +150,7 @@ class TunnelSpec:
 
     def __post_init__(self) -> None:
         check(self)
-        if self.version not in (2, 3):
-            raise Invalid(f"L2TP version must be 2 or 3, not {self.version}")
+        check_version(self.version)
         check_id(self.tunnel_id, self.version, "tunnel id")
         check_id(self.peer_tunnel_id, self.version, "peer tunnel id")
         if self.version == 2 and self.encap is not Encap.udp:
@@ -196,8 +200,7 @@ class SessionSpec:
         v = self.ifname
         if v is not None and (not 1 <= len(v) <= 15 or any(c in v for c in "/ \t\n:") or v in (".", "..")):
             raise Invalid(f"bad interface name {v!r} (1..15 characters, no '/', ':' or spaces)")
-        if self.version not in (2, 3):
-            raise Invalid(f"L2TP version must be 2 or 3, not {self.version}")
+        check_version(self.version)
         check_id(self.tunnel_id, self.version, "tunnel id")
         check_id(self.session_id, self.version, "session id")
         check_id(self.peer_session_id, self.version, "peer session id")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Literal, NamedTuple, Optional, Sequence, TypeVar, Union
 
 from ..indexed import Indexed, Several, drop, put, values_at
-from ..records import check, dump
+from ..records import check, dump, names
 from . import logparse as lp
 
 DataPath = Literal["kernel", "userspace", "unknown"]
@@ -159,12 +159,9 @@ def _snapshot(rec: _Record) -> _Record:
     place, so the copy shares them (a deep copy was most of a status
     report's time).  The copy is not validated again: the record was."""
     out = type(rec).__new__(type(rec))
-    for name in _FIELDS[type(rec)]:
+    for name in names(type(rec)):
         object.__setattr__(out, name, getattr(rec, name))
     return out
-
-
-_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (CallInfo, TunnelInfo)}
 
 
 # Events: what a change to the model was, made by the tracker only (their

@@ -54,7 +54,7 @@ class Limits:
 
 Check = Callable[[Any], Any]  # the value as the field keeps it, or Invalid
 _CHECKS: dict[type, tuple[tuple[str, Check], ...]] = {}
-_LOADS: dict[type, tuple[tuple[str, Any, bool], ...]] = {}  # (name, type, required) per field
+_LOADS: dict[type, tuple[tuple[str, Any, bool, bool], ...]] = {}  # (name, type, required, holds records) per field
 _NAMES: dict[type, tuple[str, ...]] = {}
 _ADDRESSES = (ipaddress.IPv4Address, ipaddress.IPv6Address)
 
@@ -83,14 +83,15 @@ def load(cls: type[R], obj: object, where: str = "") -> R:
         raise Invalid(f"{where.rstrip('.') or cls.__name__}: not an object")
     spec = _LOADS.get(cls)
     if spec is None:
-        hints = typing.get_type_hints(cls, include_extras=True)
+        hints = _hints(cls)
         spec = _LOADS[cls] = tuple(
-            (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+             _has_records(hints[f.name]))
             for f in dataclasses.fields(cls) if f.init)  # type: ignore[arg-type]
     kw = {}
-    for name, tp, required in spec:
+    for name, tp, required, nested in spec:
         if name in obj:
-            kw[name] = _nested(tp, obj[name], f"{where}{name}")
+            kw[name] = _nested(tp, obj[name], f"{where}{name}") if nested else obj[name]
         elif required:
             raise Invalid(f"{where}{name}: missing")
     try:
@@ -166,8 +167,14 @@ def _unwrap(tp: Any) -> tuple[Any, tuple[Limits, ...]]:
     return tp, ()
 
 
+def _hints(cls: type) -> dict[str, Any]:
+    """Its fields' annotations resolved, ``Annotated`` kept (its Limits); ``check`` and ``load`` each
+    ask once per class and keep what they make of them."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
 def _compile(cls: type) -> tuple[tuple[str, Check], ...]:
-    hints = typing.get_type_hints(cls, include_extras=True)
+    hints = _hints(cls)
     return tuple((n, _checker(hints[n])) for n in names(cls))
 
 

@@ -36,6 +36,7 @@ that never looks.  Not a test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -46,7 +47,7 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -66,7 +67,7 @@ from pipexctl.offload.datapath import KernelDataPath  # noqa: E402
 from pipexctl.offload.protocol import reply  # noqa: E402
 from pipexctl.offload.service import OffloadService  # noqa: E402
 from pipexctl.offload.watch import CallWatch  # noqa: E402
-from pipexctl.testing.probe import memory_kib, pymalloc_mib  # noqa: E402
+from pipexctl.testing.probe import memory_kib, peak_mib, pymalloc_mib, reset_peak  # noqa: E402
 
 FD_LIMIT = 65536  # the shipped unit's LimitNOFILE
 
@@ -112,12 +113,31 @@ def write_xl2tpd_log(path: Path, pids: list[int], xl2tpd_pid: int = 100) -> None
             f.write("\n".join(call_lines(prefix, NET, n, pid, argv=True)) + "\n")
 
 
+@contextlib.contextmanager
+def phase(rec: dict, name: str) -> Iterator[None]:
+    """The peak RSS over one phase (VmHWM started over at its start), with
+    the RSS it started from: ``rec["phases"][name]``, a list of
+    [before, peak] in MiB (a phase that repeats, a pair per run).  The
+    whole run's peak, ``rec["peak_mib"]``, is the largest of all."""
+    before = rss_mib()["rss_mib"]
+    rec["peak_mib"] = max(rec.get("peak_mib", 0.0), peak_mib())  # what came before this phase
+    reset_peak()
+    try:
+        yield
+    finally:
+        top = peak_mib()
+        rec.setdefault("phases", {}).setdefault(name, []).append([before, top])
+        rec["peak_mib"] = max(rec["peak_mib"], top)
+        reset_peak()  # what follows has a peak of its own (a step's offloads: its row's peak_mib)
+
+
 def full_poll(watch: CallWatch, rec: dict) -> None:
     """One of serve's full polls, its watcher's own (/proc scanned outside
     the lock, then the scan and the kernel's sessions applied to discovery's
     model); the events it yields are dropped, as the bench holds every call."""
     t = time.monotonic()
-    watch._poll(True, lambda ev: None)
+    with phase(rec, "poll"):
+        watch._poll(True, lambda ev: None)
     rec.setdefault("poll_ms", []).append(round((time.monotonic() - t) * 1000))
 
 
@@ -169,7 +189,8 @@ def main() -> int:
     write_xl2tpd_log(log, pids, farm.pid if a.polls else 100)
     watch = CallWatch(Discovery([str(log)], proc=a.polls, kernel=a.polls))
     t = time.monotonic()
-    watch.first_read()
+    with phase(rec, "first_read"):
+        watch.first_read()
     trimmer = malloc.Trimmer(a.trim_every)
     trimmer.maybe()  # as serve does after its first read
     todo = sorted(watch.discovery.tracker.calls(), key=lambda c: c.call_id)
@@ -210,7 +231,8 @@ def main() -> int:
             row = {"held": held, "elapsed_s": round(time.monotonic() - t0, 1), "fds": fds(), **rss_mib(),
                    "kernel_sessions": pppol2tp_sessions(),
                    "state_file_kib": round(os.path.getsize(svc.state_path) / 1024),
-                   "offload_p50_ms": pct(window, 0.5), "offload_p99_ms": pct(window, 0.99)}
+                   "offload_p50_ms": pct(window, 0.5), "offload_p99_ms": pct(window, 0.99),
+                   "peak_mib": peak_mib()}  # over this step's offloads (and its trims)
             if a.polls:
                 full_poll(watch, rec)
                 row["after_poll"] = rss_mib()
@@ -227,7 +249,8 @@ def main() -> int:
         malloc.trim()
         rec["held_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     t = time.monotonic()
-    status_op_reply(svc)
+    with phase(rec, "status"):
+        status_op_reply(svc)
     rec["status_ms"] = round((time.monotonic() - t) * 1000, 1)
     rec["held_mem"] = rss_mib()
     if a.trim_every:
@@ -240,8 +263,9 @@ def main() -> int:
                              for st in snap.statistics("lineno")[:25]]
         tracemalloc.stop()
     t = time.monotonic()
-    m = svc.metrics()
-    reply(True, **m)
+    with phase(rec, "metrics"):
+        m = svc.metrics()
+        reply(True, **m)
     rec["metrics_ms"] = round((time.monotonic() - t) * 1000, 1)
     # the kernel's part of it: the same session dump, its answers read and not decoded
     assert backend.nl is not None
@@ -259,7 +283,7 @@ def main() -> int:
         rec["after_reports_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     rec["trim_every_s"] = a.trim_every
     rec["polls"] = a.polls
-    rec["peak_mib"] = round(memory_kib()["VmHWM"] / 1024, 1)
+    rec["peak_mib"] = max(rec["peak_mib"], peak_mib())
     print(json.dumps({k: rec[k] for k in ("held", "kib_per_call", "status_ms", "metrics_ms", "dump_floor_ms",
                                           "metrics_sessions",
                                           "held_mem", "after_reports")}), flush=True)

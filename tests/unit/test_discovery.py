@@ -373,6 +373,51 @@ def test_a_full_scan_reads_only_the_pid_of_pppds_whose_path_the_kernel_gives(tmp
     d.close()
 
 
+def test_a_start_reads_the_pppd_of_a_call_the_kernel_places_from_its_stat_line_alone(tmp_path, monkeypatch):
+    """A start's read (refresh) asks the kernel before /proc, so a pppd
+    whose call the kernel places costs its stat line, as in the watcher's
+    polls: a restart with 10,000 offloaded calls read every one's argv and
+    fds, 8 MiB at the read's peak.  A call the kernel does not place has
+    its pppd's argv read (it may be on its pty)."""
+    from pipexctl.kernel.backend import NullBackend
+    from pipexctl.model import PwType, SessionSpec, TunnelSpec
+
+    from .test_procscan import _listing_fd_dirs, xl2tpd_with_child
+
+    with xl2tpd_with_child("ctypes.CDLL(None).prctl(15, b'pppd', 0, 0, 0)") as (parent, kid):
+        log = tmp_path / "x.log"
+        log.write_text(f"xl2tpd[{parent}]: xl2tpd version xl2tpd-1.3.18 started on lns PID:{parent}\n"
+                       f"xl2tpd[{parent}]: Connection established to 10.99.1.2, 1701.  Local: 28398, "
+                       f"Remote: 58717 (ref=0/0).  LNS session is 'default'\n"
+                       f"xl2tpd[{parent}]: Call established with 10.99.1.2, PID: {kid}, Local: 19361, "
+                       f"Remote: 13604, Serial: 1\n")
+
+        def start_reads(placed: bool) -> tuple[list[str], Discovery]:
+            d = Discovery([str(log)], proc=True, kernel=True)
+            d._backend = kernel = NullBackend()
+            if placed:
+                kernel.tunnel_create(TunnelSpec(tunnel_id=28398, peer_tunnel_id=58717, version=2, fd=0))
+                kernel.session_create(SessionSpec(tunnel_id=28398, session_id=19361, peer_session_id=13604,
+                                                  version=2, pw_type=PwType.ppp))
+            opened: list[str] = []
+            real_open = os.open
+            with monkeypatch.context() as m:
+                m.setattr(os, "open", lambda path, *a, **kw: opened.append(str(path)) or real_open(path, *a, **kw))
+                m.setattr(os, "listdir", _listing_fd_dirs(opened))
+                d.refresh(events=False)
+            d.close()
+            return [p for p in opened if p.startswith(f"/proc/{kid}/")], d
+
+        reads, d = start_reads(placed=True)
+        assert reads == [f"/proc/{kid}/stat"]
+        (c,) = d.tracker.calls()
+        assert (c.pppd_pid, c.data_path) == (kid, "kernel")
+        reads, d = start_reads(placed=False)
+        assert f"/proc/{kid}/cmdline" in reads and f"/proc/{kid}/fd" in reads
+        (c,) = d.tracker.calls()
+        assert c.pppd_pid == kid
+
+
 def test_an_xl2tpd_started_after_the_scan_began_is_not_declared_gone(tmp_path):
     """A request may read the logs while a scan runs (outside the lock): an
     xl2tpd whose start (and call) was read after the scan began is not in it.  /proc is asked again, by

@@ -179,3 +179,17 @@ def test_a_command_line_of_megabytes_is_read_only_to_its_first_128_kib():
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_words_pppd_command_lines_share_are_one_string_each(monkeypatch):
+    """A scan of 10,000 LNS pppds held 10,000 copies of "passive" and the
+    like: a word read again is the string read first, up to a bound, past
+    which words are still read right but not kept."""
+    monkeypatch.setattr(procscan, "_WORDS", {})
+    a, b = (procscan.read_process(os.getpid(), with_fds=False) for _ in range(2))
+    assert a is not None and b is not None and a.argv and a.argv == b.argv
+    assert all(x is y for x, y in zip(a.argv, b.argv))
+    monkeypatch.setattr(procscan, "_MAX_WORDS", len(procscan._WORDS) + 2)
+    words = [procscan._word(f"w{i}".encode()) for i in range(10)]
+    assert words == [f"w{i}" for i in range(10)] and len(procscan._WORDS) == procscan._MAX_WORDS
+    assert procscan._word(b"bad \xff") == "bad \ufffd"

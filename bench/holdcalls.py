@@ -47,7 +47,7 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Iterator
 
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -78,18 +78,22 @@ def fds() -> int:
 
 def pppol2tp_sessions() -> int:
     """PPPoL2TP sessions the kernel lists (a netlink dump of 10,000 would cost more than it tells)."""
-    lines = Path("/proc/net/pppol2tp").read_text().splitlines()
-    return sum(1 for ln in lines if ln.startswith("  SESSION") and not ln.startswith("  SESSION name"))  # no header
+    with open("/proc/net/pppol2tp") as f:  # a line at a time: 10,000 sessions' text whole took 3 MiB of the RSS measured
+        return sum(1 for ln in f if ln.startswith("  SESSION") and not ln.startswith("  SESSION name"))  # no header
 
 
-def status_op_reply(svc: OffloadService) -> Union[bytes, bytearray]:
-    """The status op's answer as this tree's serve makes it: a row at a time
-    since 2026-12-07 (``status_json``), the whole dict first before."""
+def status_op_reply(svc: OffloadService) -> int:
+    """The status op's answer as this tree's serve makes it (its size):
+    pieces of rows sent as they come since 2026-12-07 (``status_chunks``),
+    the whole text first before (``status_json``), and before that the
+    whole dict first."""
+    from pipexctl.offload.protocol import ok_reply
+
+    if hasattr(svc, "status_chunks"):
+        return sum(len(piece) for piece in ok_reply(svc.status_chunks()))
     if hasattr(svc, "status_json"):
-        from pipexctl.offload.protocol import ok_reply
-
-        return ok_reply(svc.status_json())
-    return reply(True, **svc.status())
+        return len(ok_reply(svc.status_json()))
+    return len(reply(True, **svc.status()))
 
 
 def rss_mib() -> dict[str, float]:

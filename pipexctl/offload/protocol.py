@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Iterable, Iterator, Literal, Optional
 
 from ..records import Invalid, Limits, check, load
 
@@ -112,14 +112,17 @@ def reply(ok: bool, **fields: object) -> bytes:
     return json.dumps({"ok": ok, **fields}).encode() + b"\n"
 
 
-def ok_reply(fields: bytearray) -> bytearray:
-    """A success's reply line around ``fields``, one JSON object already
-    encoded (``ok`` first, as ``reply`` writes it); ``fields`` becomes it."""
-    if not (fields.startswith(b"{") and fields.endswith(b"}")):
+def ok_reply(pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """A success's reply line around one JSON object encoded in ``pieces``
+    (``ok`` first, as ``reply`` writes it), piece by piece: the first opens
+    the object with its first field, or is the whole empty object."""
+    it = iter(pieces)
+    first = next(it, b"")
+    if not first.startswith(b"{"):
         raise ValueError("not one JSON object")
-    fields[:1] = b'{"ok": true, ' if len(fields) > 2 else b'{"ok": true'
-    fields += b"\n"
-    return fields
+    yield b'{"ok": true}' if first == b"{}" else b'{"ok": true, ' + first[1:]
+    yield from it
+    yield b"\n"
 
 
 def parse_ack(line: bytes) -> Optional[dict[str, object]]:

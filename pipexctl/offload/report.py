@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 from .. import errors
 from ..discovery.state import CallInfo
@@ -20,29 +20,30 @@ BATCH = 256
 
 
 def status(svc: "OffloadService") -> dict[str, Any]:
-    return dict(json.loads(status_json(svc)))
+    return dict(json.loads(b"".join(status_chunks(svc))))
 
 
-def status_json(svc: "OffloadService") -> bytearray:
+def status_chunks(svc: "OffloadService") -> Iterator[bytes]:
     """The status (every call and its path, every tunnel, the counters) as
-    one JSON object, encoded a row at a time.  Building every row first,
-    then the text, grew the daemon's small-object heap by 4 to 5 MiB at
-    10,000 calls, and the heap kept it once they were freed (docs/offload.md)."""
+    one JSON object, in pieces of at most BATCH rows, each encoded under
+    its lock and handed on outside it (the status op sends each as it comes).
+    The first piece opens the object with its first field.  Building every
+    row first grew the daemon's small-object heap by 4 to 5 MiB at 10,000
+    calls, and the heap kept it; encoding the whole text first still took
+    5 MiB at its peak (docs/offload.md)."""
     enc = json.JSONEncoder().encode  # json.dumps' own output
-    out = bytearray(b'{"instances": ')
-    out += enc(svc.watch.instances()).encode()
-    out += b', "calls": '
     with svc.watch.lock:
         tracker = svc.watch.discovery.tracker
         calls = [c for name in sorted(tracker.instances)
                  for c in sorted(tracker.instances[name].calls.values(), key=_in_tunnel_order)]
+    yield b'{"instances": ' + enc(svc.watch.instances()).encode() + b', "calls": '
     # each row under the discovery lock, the record as one change left it;
     # the service's records are read without its lock (a lookup is one step)
-    _rows(out, calls, svc.watch.lock, lambda c: enc(_call_row(svc, c)))
-    out += b', "tunnels": '
+    yield from _rows(calls, svc.watch.lock, lambda c: enc(_call_row(svc, c)))
+    yield b', "tunnels": '
     with svc.lock:
         tunnels = list(svc.tunnels.values())
-    _rows(out, tunnels, svc.lock, lambda t: enc(_tunnel_row(svc, t)))
+    yield from _rows(tunnels, svc.lock, lambda t: enc(_tunnel_row(svc, t)))
     with svc.lock:
         tail = {
             "stats": {**svc.stats, "unchecked_calls": svc.watch.unchecked,
@@ -55,24 +56,22 @@ def status_json(svc: "OffloadService") -> bytearray:
             "reconcile": svc.last_reconcile,
             "channel_latency_ms": percentiles([x * 1000 for x in svc.latencies_now()]),
         }
-    out += b", " + enc(tail)[1:].encode()
-    return out
+    yield b", " + enc(tail)[1:].encode()
 
 
 def _in_tunnel_order(c: CallInfo) -> int:
     return (c.tunnel_id or 0) << 16 | c.call_id
 
 
-def _rows(out: bytearray, items: list[Any], lock: ContextManager[Any], row: Callable[[Any], str]) -> None:
-    """``items`` as a JSON array, BATCH rows per hold of ``lock``."""
-    out += b"["
+def _rows(items: list[Any], lock: ContextManager[Any], row: Callable[[Any], str]) -> Iterator[bytes]:
+    """``items`` as a JSON array, a piece per BATCH rows, each encoded in one
+    hold of ``lock`` and yielded after it (a slow reader never holds it)."""
+    yield b"["
     for start in range(0, len(items), BATCH):
         with lock:
-            for i in range(start, min(start + BATCH, len(items))):
-                if i:
-                    out += b", "
-                out += row(items[i]).encode()
-    out += b"]"
+            piece = ", ".join(row(items[i]) for i in range(start, min(start + BATCH, len(items))))
+        yield (b", " if start else b"") + piece.encode()
+    yield b"]"
 
 
 def _call_row(svc: "OffloadService", c: CallInfo) -> dict[str, Any]:

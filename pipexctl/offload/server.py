@@ -280,7 +280,8 @@ class OffloadServer:
                 return
             op = req.op
             if op == "status":
-                conn.sendall(ok_reply(self.service.status_json()))
+                for piece in ok_reply(self.service.status_chunks()):
+                    conn.sendall(piece)
             elif op == "metrics":
                 self._reply(conn, {"ok": True, **self.service.metrics()})
             elif op == "reconcile":

@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from .. import defaults, errors
 from ..discovery.state import CallIds, CallInfo
@@ -605,9 +605,9 @@ class OffloadService(Endings):
     def status(self) -> dict[str, Any]:
         return report.status(self)
 
-    def status_json(self) -> bytearray:
-        """``status`` as JSON, encoded a row at a time (what the status op sends)."""
-        return report.status_json(self)
+    def status_chunks(self) -> Iterator[bytes]:
+        """``status`` as JSON, in pieces of rows (what the status op sends as they come)."""
+        return report.status_chunks(self)
 
     def metrics(self) -> dict[str, Any]:
         return report.metrics(self)

@@ -7,6 +7,7 @@ Prometheus text and HTTP endpoint are test_metrics.py's."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -48,7 +49,7 @@ def test_the_status_encoded_a_row_at_a_time_is_every_call_and_tunnel_in_order(sr
     from pipexctl.offload.protocol import ok_reply
 
     monkeypatch.setattr(report, "BATCH", batch)
-    empty = json.loads(ok_reply(srv.service.status_json()))
+    empty = json.loads(b"".join(ok_reply(srv.service.status_chunks())))
     assert empty["ok"] is True and empty["tunnels"] == [] and list(empty)[:3] == ["ok", "instances", "calls"]
     offload(srv, call(2))
     offload(srv, call(3, tid=101, peer="192.0.2.8"))
@@ -57,7 +58,7 @@ def test_the_status_encoded_a_row_at_a_time_is_every_call_and_tunnel_in_order(sr
         c = call(cid, tid=102, peer="192.0.2.9")
         tracker.inst("xl2tpd").calls[c.ref()] = c
     tracker.inst("other").calls[call(4).ref()] = call(4).copy(instance="other")
-    st = json.loads(ok_reply(srv.service.status_json()))
+    st = json.loads(b"".join(ok_reply(srv.service.status_chunks())))
     assert [(c["instance"], c["tunnel_id"], c["call_id"]) for c in st["calls"]] == [
         ("other", 100, 4), ("xl2tpd", 100, 1), ("xl2tpd", 100, 2), ("xl2tpd", 101, 3), ("xl2tpd", 102, 5),
         ("xl2tpd", 102, 9)]
@@ -68,13 +69,50 @@ def test_the_status_encoded_a_row_at_a_time_is_every_call_and_tunnel_in_order(sr
     assert st == {"ok": True, **srv.service.status()} and st["stats"]["offloaded"] == 2
 
 
+def test_the_status_is_handed_on_piece_by_piece_with_no_lock_held(srv, monkeypatch):
+    """The status op sends each piece as it comes: while the reader holds
+    one (a slow client), another thread takes the service's and the
+    watcher's locks at once, so no offload waits for the client."""
+    from pipexctl.offload import report
+
+    monkeypatch.setattr(report, "BATCH", 1)
+    offload(srv, call(2))
+    offload(srv, call(3, tid=101, peer="192.0.2.8"))
+
+    def both_free() -> bool:
+        got = []
+
+        def probe() -> None:
+            for lock in (srv.service.lock, srv.watch.lock):
+                if lock.acquire(timeout=0):
+                    lock.release()
+                    got.append(lock)
+
+        t = threading.Thread(target=probe)
+        t.start()
+        t.join()
+        return len(got) == 2
+
+    pieces = []
+    for piece in srv.service.status_chunks():
+        assert both_free(), f"a lock is held while piece {len(pieces)} is with its reader"
+        pieces.append(piece)
+    assert len(pieces) >= 8  # a piece per row, BATCH being 1
+    assert json.loads(b"".join(pieces)) == srv.service.status()
+
+
 def test_an_ok_reply_around_encoded_fields_is_the_reply_of_those_fields():
     from pipexctl.offload.protocol import ok_reply, reply
 
-    assert ok_reply(bytearray(b'{"a": [1, {"b": 2}]}')) == reply(True, a=[1, {"b": 2}])
-    assert ok_reply(bytearray(b"{}")) == reply(True)
-    with pytest.raises(ValueError):
-        ok_reply(bytearray(b"[1]"))
+    def line(*pieces: bytes) -> bytes:
+        return b"".join(ok_reply(pieces))
+
+    assert line(b'{"a": [1, {"b": 2}]}') == reply(True, a=[1, {"b": 2}])
+    assert line(b'{"a": [1, ', b'{"b": 2}', b"]}") == reply(True, a=[1, {"b": 2}])
+    assert line(b"{}") == reply(True)
+    for bad in ((b"[1]",), ()):
+        with pytest.raises(ValueError):
+            line(*bad)
 
 
 def test_status_and_discover_say_since_when_each_call_is_on_its_path(srv, tmp_path):

@@ -797,7 +797,7 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
     srv.activated = sdnotify.listen_socket()  # pipexctl.socket: --socket is then systemd's
     httpd = None
     if metrics_listen:
-        from .offload import metrics  # prometheus_client: only with --metrics
+        from .offload import metrics  # only with --metrics
 
         try:
             httpd = metrics.start(srv.service, metrics_listen)

@@ -9,7 +9,8 @@ COMMAND_START = ("import sys\nsys.argv = ['pipexctl', 'serve', '--help']\nfrom p
 
 def test_the_command_never_loads_openssl_and_its_hashes_still_work(tmp_path):
     """pipexctl/entry.py keeps libcrypto out of the command's process (3.5 MiB
-    of serve's RSS); what serve hashes (a checkpoint's tail) must still hash
+    of serve's RSS), with --metrics too (prometheus_client's import mapped
+    it through libssl); what serve hashes (a checkpoint's tail) must still hash
     the same.  The second run, without the entry point, shows that the probe
     can see libcrypto when it is there."""
     import hashlib
@@ -18,7 +19,7 @@ def test_the_command_never_loads_openssl_and_its_hashes_still_work(tmp_path):
 
     (tmp_path / "f").write_bytes(b"x" * 100)
     probe = ("import os, sys\n"
-             "import pipexctl.offload.server, pipexctl.cli\n"
+             "import pipexctl.offload.server, pipexctl.offload.metrics, pipexctl.cli\n"
              "from pipexctl.discovery import checkpoint\n"
              f"fd = os.open({str(tmp_path / 'f')!r}, os.O_RDONLY)\n"
              "print(checkpoint.file_tail(fd, 100))\n"
@@ -46,3 +47,29 @@ def test_serve_and_the_cli_import_no_validation_library():
     seen = subprocess.run([sys.executable, "-c", "import json\n" + probe.replace("'msgspec')", "'msgspec', 'json')")],
                           capture_output=True, text=True, check=True).stdout
     assert "'json'" in seen.splitlines()[-1], seen[-500:]
+
+
+def test_serve_with_metrics_imports_no_http_email_or_tls_library():
+    """`serve --metrics` answers HTTP itself (pipexctl/offload/metrics.py):
+    prometheus_client's import, with http.server, urllib, email and ssl, was
+    5.8 MiB of the daemon's RSS.  The endpoint is started and scraped here;
+    the second run shows the probe sees such a module when it is imported."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, socket\n"
+             "from pipexctl.offload import metrics\n"
+             "class C:\n    def scrape(self):\n        return 'x 1.0\\n'\n"
+             "ex = metrics.Exporter(C(), '127.0.0.1', 0)\n"
+             "with socket.create_connection(ex.address) as s:\n"
+             "    s.sendall(b'GET /metrics HTTP/1.1\\r\\n\\r\\n')\n"
+             "    assert s.recv(100).startswith(b'HTTP/1.1 200')\n"
+             "ex.shutdown()\n"
+             "print(sorted(m for m in sys.modules if m == 'urllib.request' or m.split('.')[0] in "
+             "('prometheus_client', 'http', 'email', 'ssl', '_ssl', 'wsgiref')))\n")
+    out = subprocess.run([sys.executable, "-c", COMMAND_START + probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.splitlines()[-1] == "[]", out[-500:]
+    seen = subprocess.run([sys.executable, "-c", "import email\n" + probe], capture_output=True, text=True,
+                          check=True).stdout
+    assert "'email'" in seen.splitlines()[-1], seen[-500:]

@@ -28,7 +28,8 @@ to the kernel as serve does (malloc_trim after the first read and every
 serve's full polls (a /proc scan of the N pppds, the farm standing for
 their xl2tpd, and a kernel dump of the N sessions) after the first read,
 at each step and at rest: without it the figures are those of a daemon
-that never looks.  Not a test: it asserts nothing.
+that never looks.  --metrics adds serve's metrics endpoint, scraped over
+HTTP after each step and at rest.  Not a test: it asserts nothing.
 
     python -m pipexctl.testing.vm --memory 4096 --timeout 3600 -- .venv/bin/python bench/holdcalls.py --calls 10000
 """
@@ -47,7 +48,7 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 if "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -135,6 +136,27 @@ def phase(rec: dict, name: str) -> Iterator[None]:
         reset_peak()  # what follows has a peak of its own (a step's offloads: its row's peak_mib)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(exporter: Any, rec: dict) -> None:
+    """One GET /metrics as Prometheus sends it, over a bare socket (an HTTP
+    library would be in the RSS measured); the exporter's address from
+    either tree's server object."""
+    addr = getattr(exporter, "address", None) or exporter.server_address
+    t = time.monotonic()
+    with phase(rec, "scrape"), socket.create_connection(tuple(addr[:2]), timeout=600) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        size = 0
+        while chunk := s.recv(1 << 16):
+            size += len(chunk)
+    rec.setdefault("scrape_ms", []).append(round((time.monotonic() - t) * 1000))
+    rec.setdefault("scrape_bytes", []).append(size)
+
+
 def full_poll(watch: CallWatch, rec: dict) -> None:
     """One of serve's full polls, its watcher's own (/proc scanned outside
     the lock, then the scan and the kernel's sessions applied to discovery's
@@ -176,8 +198,13 @@ def main() -> int:
     p.add_argument("--polls", action="store_true",
                    help="serve's full polls too: the farm stands for the LNS's xl2tpd (its pppds show an LNS pppd's "
                         "argv), discovery scans /proc and the kernel after its first read, at each step and at rest")
+    p.add_argument("--metrics", action="store_true",
+                   help="serve --metrics too: its module imported at the start, its endpoint on loopback, scraped "
+                        "over HTTP after each step's poll and at rest")
     p.add_argument("--out", default=os.path.join(os.environ.get("PIPEXCTL_RESULTS", "."), "holdcalls.json"))
     a = p.parse_args()
+    if a.metrics:
+        from pipexctl.offload import metrics as prom  # as serve --metrics imports it, before its first read
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
     setup()
     d = tempfile.mkdtemp()
@@ -203,6 +230,7 @@ def main() -> int:
     backend = NetlinkBackend()
     dp = KernelDataPath()
     svc = OffloadService(watch, backend, dp, state_path=os.path.join(d, "state.json"))
+    exporter = prom.start(svc, f"127.0.0.1:{free_port()}") if a.metrics else None
     rec["service"] = rss_mib()
 
     def hand_off(meta: dict, fds: list[int]) -> None:
@@ -240,6 +268,9 @@ def main() -> int:
             if a.polls:
                 full_poll(watch, rec)
                 row["after_poll"] = rss_mib()
+            if exporter is not None:
+                scrape(exporter, rec)
+                row["after_scrape"] = rss_mib()
             rec["steps"].append(row)
             print(json.dumps(row), flush=True)
     rec["held"] = held
@@ -281,12 +312,17 @@ def main() -> int:
     rec["metrics_sessions"] = len(m["sessions"]) + m["sessions_not_listed"]["count"]
     if a.polls:
         full_poll(watch, rec)
+    if exporter is not None:
+        scrape(exporter, rec)
     rec["after_reports"] = rss_mib()
     if a.trim_every:
         malloc.trim()  # serve's next round, at most TRIM_EVERY after the reports
         rec["after_reports_trimmed"] = {**rss_mib(), **pymalloc_mib()}
     rec["trim_every_s"] = a.trim_every
     rec["polls"] = a.polls
+    rec["metrics_endpoint"] = a.metrics
+    if exporter is not None:
+        exporter.shutdown()
     rec["peak_mib"] = max(rec["peak_mib"], peak_mib())
     print(json.dumps({k: rec[k] for k in ("held", "kib_per_call", "status_ms", "metrics_ms", "dump_floor_ms",
                                           "metrics_sessions",

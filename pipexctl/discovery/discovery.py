@@ -812,7 +812,7 @@ class Discovery:
             return ev  # its children were not read in this scan (it was not followed when it began)
         kids = children[ins.daemon_pid]
         by_pid = {k.pid: k for k in kids}
-        taken = {c.pppd_pid for c in ins.calls.values() if c.pppd_pid}
+        taken: Optional[set[int]] = None  # the pppds calls hold: made when a call without one is met
         for c in list(ins.calls.values()):
             if c.pppd_pid is not None and c.pppd_pid not in by_pid:
                 if ins.calls.named_since(c.pppd_pid, started):
@@ -833,6 +833,8 @@ class Discovery:
                     # has exec'd pppd: not started yet, not ended
                     continue
             if c.pppd_pid is None:
+                if taken is None:
+                    taken = {o.pppd_pid for o in ins.calls.values() if o.pppd_pid}
                 cands = [k for k in kids if k.pid not in taken and _matches(k, c)]
                 if len(cands) == 1:
                     ev += self.tracker.observe_pppd(ins.name, c.ref(), cands[0].pid)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import errno
 import functools
 import os
@@ -181,7 +182,9 @@ def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
     alone, without its argv or fds: the caller needs only to know that it
     runs (an LNS holds thousands of pppds whose calls it knows)."""
     daemons: list[Proc] = []
-    pppds: list[tuple[int, int, int]] = []  # (pid, ppid, start): ints, not stat lines, for thousands of pppds
+    # (pid, ppid, start) of each pppd, flat in one array: a tuple and three
+    # ints each took 1.7 MiB at the peak of a scan of 10,000
+    pppds = array.array("q")
     with os.scandir("/proc") as entries:  # one entry at a time: no list of every process's name
         for entry in entries:
             if not entry.name.isdigit():
@@ -195,7 +198,7 @@ def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
                 continue
             comm, rest = _split_stat(stat)
             if comm == "pppd":
-                pppds.append((pid, int(rest[1]), int(rest[19])))
+                pppds.extend((pid, int(rest[1]), int(rest[19])))
             elif comm == "xl2tpd":
                 d = read_process(pid, with_fds=False, stat=stat)
                 if d is not None:
@@ -204,9 +207,12 @@ def scan(fds_of: Optional[Callable[[Proc], bool]] = None,
     named = {d.pid for d in daemons}
     daemons = [d for d in daemons if d.ppid not in named]
     children: dict[int, list[Proc]] = {d.pid: [] for d in daemons if parents is None or d.pid in parents}
-    for kid, ppid, start in pppds:
+    parent_of = {d.pid: d.pid for d in daemons}  # one int object per daemon, shared by its children's Procs
+    for i in range(0, len(pppds), 3):
+        kid, ppid, start = pppds[i], pppds[i + 1], pppds[i + 2]
         if ppid not in children:
             continue
+        ppid = parent_of[ppid]
         if kid in known:
             p: Optional[Proc] = Proc(kid, ppid, "pppd", (), start)  # no argv, no ttys: its path unknown
         else:

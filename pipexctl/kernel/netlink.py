@@ -735,7 +735,7 @@ class L2tpNetlink:
         costs 34 us a message natively, this 2.5 us, and under TCG a
         10,000-session scan took seconds of CPU)."""
         got = self._request(build_session_get(), NLM_F_REQUEST | NLM_F_DUMP, "sessions", "dump", cls=_ids)
-        return {(t, s) for t, s in got if t is not None and s is not None}
+        return {ids for ids in got if None not in ids}  # the answers' own tuples: no second 10,000
 
     def session_counters(self) -> list[SessionCounters]:
         """Ids and kernel counters of every session, read from the raw dump

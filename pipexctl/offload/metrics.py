@@ -39,11 +39,12 @@ class Sample(NamedTuple):
 
 class Family(NamedTuple):
     """One metric family: its name without a counter's ``_total`` or an
-    info's ``_info``, its type (counter, gauge, histogram, info) and samples."""
+    info's ``_info``, its type (counter, gauge, histogram, info) and samples
+    (an iterable read once: a family of 1,000 sessions is made as it is written)."""
     name: str
     kind: str
     help: str
-    samples: list[Sample]
+    samples: Iterable[Sample]
 
 
 def gauge(name: str, help_: str, value: float) -> Family:
@@ -58,7 +59,7 @@ def labelled(kind: str, name: str, help_: str, labels: Sequence[str],
              rows: Iterable[tuple[Sequence[str], float]]) -> Family:
     """A counter or gauge with one sample per row (label values, value)."""
     sample = name + "_total" if kind == "counter" else name
-    return Family(name, kind, help_, [Sample(sample, tuple(zip(labels, values)), float(v)) for values, v in rows])
+    return Family(name, kind, help_, (Sample(sample, tuple(zip(labels, values)), float(v)) for values, v in rows))
 
 
 def histogram(name: str, help_: str, buckets: Sequence[tuple[str, float]], total: float) -> Family:
@@ -214,13 +215,12 @@ class ServeCollector:
             at, text, took = self._cache
             if time.monotonic() - at >= max(self.MIN_INTERVAL, took / self.SHARE):
                 t = time.monotonic()
-                fams = list(families(self.service.metrics()))
+                text = render(families(self.service.metrics()))  # kept as text: a tenth of the memory of samples
                 took = time.monotonic() - t
-                fams.append(gauge(
+                text += render([gauge(
                     "pipexctl_metrics_snapshot_seconds", "How long the daemon took to read these numbers (they "
                     f"serve the scrapes of {1 / self.SHARE:.0f} times as long, at least {self.MIN_INTERVAL:.0f} s)",
-                    took))
-                text = render(fams)  # kept as text: a tenth of the memory of the families' samples
+                    took)])
                 self._cache = (time.monotonic(), text, took)
                 self.snapshots += 1
         return text

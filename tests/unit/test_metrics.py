@@ -68,17 +68,20 @@ def test_the_text_reads_back_as_prometheus_client_writes_the_same_families():
     from prometheus_client.metrics_core import Metric
 
     odd = 'a "quoted" \\ back\nslash'
-    fams = [metrics.gauge("g", f"help with {odd}", 0.1),
-            metrics.counter("c", "a counter", 12345678901.0),
-            metrics.labelled("counter", "lc", "labelled", ("b", "a"), [(("x", odd), 1.0), (("y", ""), math.inf)]),
-            metrics.labelled("gauge", "lg", "no rows", ("a",), []),
-            metrics.histogram("h", "hist", [("0.005", 1), ("5.0", 3), ("+Inf", 4)], 7.063),
-            metrics.Family("b", "info", "info", [metrics.Sample("b_info", (("version", "1.2"),), 1.0)]),
-            metrics.gauge("n", "not a number", math.nan), metrics.gauge("neg", "negative", -2.5e-12)]
+
+    def made() -> list:  # a family's samples are read once: made anew for each writer
+        return [metrics.gauge("g", f"help with {odd}", 0.1),
+                metrics.counter("c", "a counter", 12345678901.0),
+                metrics.labelled("counter", "lc", "labelled", ("b", "a"),
+                                 [(("x", odd), 1.0), (("y", ""), math.inf)]),
+                metrics.labelled("gauge", "lg", "no rows", ("a",), []),
+                metrics.histogram("h", "hist", [("0.005", 1), ("5.0", 3), ("+Inf", 4)], 7.063),
+                metrics.Family("b", "info", "info", [metrics.Sample("b_info", (("version", "1.2"),), 1.0)]),
+                metrics.gauge("n", "not a number", math.nan), metrics.gauge("neg", "negative", -2.5e-12)]
 
     class Theirs:  # the same families, as prometheus_client's writer takes them
         def collect(self):
-            for f in fams:
+            for f in made():
                 m = Metric(f.name, f.help, f.kind)
                 for sample in f.samples:
                     m.add_sample(sample.name, dict(sample.labels), sample.value)
@@ -92,9 +95,9 @@ def test_the_text_reads_back_as_prometheus_client_writes_the_same_families():
                                                          for s in f.samples))
                 for f in text_string_to_metric_families(text)]
 
-    ours = read(metrics.render(fams))
+    ours = read(metrics.render(made()))
     assert ours == read(generate_latest(reg).decode())
-    assert len(ours) == len(fams) and ("lc", "counter", "labelled", [
+    assert len(ours) == 8 and ("lc", "counter", "labelled", [
         ("lc_total", [("a", ""), ("b", "y")], "inf"), ("lc_total", [("a", odd), ("b", "x")], "1.0")]) in ours
 
 
@@ -285,20 +288,29 @@ def test_a_client_that_stalls_holds_up_no_other_scrape(monkeypatch):
     keeps its own thread, for TIMEOUT at most; a scrape meanwhile is
     answered at once; past MAX_CLIENTS stalled clients a connection is
     closed unanswered, and scrapes are answered again once they time out."""
-    monkeypatch.setattr(metrics.Exporter, "TIMEOUT", 1.0)
+    monkeypatch.setattr(metrics.Exporter, "TIMEOUT", 3.0)
     monkeypatch.setattr(metrics.Exporter, "MAX_CLIENTS", 2)
     ex = metrics.Exporter(_Fixed(), "127.0.0.1", 0)
     port = ex.address[1]
-    try:
-        stalled = [socket.create_connection(("127.0.0.1", port)) for _ in range(1)]
+
+    def answered() -> bool:
+        return _exchange(port, b"GET / HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+
+    def wait_until(pred) -> float:
         t = time.monotonic()
-        assert _exchange(port, b"GET / HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 ")
-        assert time.monotonic() - t < 0.9
+        while not pred():
+            assert time.monotonic() - t < 10, "not within 10 s"
+            time.sleep(0.02)
+        return time.monotonic() - t
+
+    try:
+        stalled = [socket.create_connection(("127.0.0.1", port))]
+        t = time.monotonic()
+        assert answered() and time.monotonic() - t < 2.0  # not after the stalled one's 3 s
         stalled += [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
-        time.sleep(0.2)
-        assert _exchange(port, b"GET / HTTP/1.1\r\n\r\n") == b""  # both slots held: closed unanswered
-        time.sleep(1.2)  # the stalled ones time out
-        assert _exchange(port, b"GET / HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+        wait_until(lambda: ex._slots._value == 0)  # both slots held by stalled clients
+        assert _exchange(port, b"GET / HTTP/1.1\r\n\r\n") == b""  # closed unanswered
+        assert wait_until(answered) > 1.0  # once the stalled ones time out
         for s in stalled:
             s.close()
     finally:

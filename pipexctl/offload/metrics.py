@@ -14,6 +14,7 @@ writer makes of the same families, and lint it with promtool.
 from __future__ import annotations
 
 import errno
+import logging
 import math
 import os
 import socket
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from .service import OffloadService
 
 SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
+log = logging.getLogger("pipexctl.serve")
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OK = "200 OK"
 
@@ -281,7 +284,11 @@ class Exporter:
             if not self._slots.acquire(blocking=False):
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn,), name="metrics-scrape", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn,), name="metrics-scrape", daemon=True).start()
+            except RuntimeError:  # no thread to be had: this scrape goes unanswered, the slot back
+                conn.close()
+                self._slots.release()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -294,6 +301,8 @@ class Exporter:
                 conn.sendall("\r\n".join([*head, "", ""]).encode() + (b"" if head_only else body))
         except OSError:  # the client went, or stalled past TIMEOUT
             pass
+        except Exception:  # a bug in a snapshot: logged, the daemon goes on, the client sees the connection close
+            log.exception("metrics scrape failed")
         finally:
             self._slots.release()
 

@@ -315,3 +315,23 @@ def test_a_client_that_stalls_holds_up_no_other_scrape(monkeypatch):
             s.close()
     finally:
         ex.shutdown()
+
+
+def test_a_snapshot_that_fails_is_logged_and_the_next_scrape_is_answered(caplog):
+    class Flaky(_Fixed):
+        def scrape(self) -> str:
+            self.scrapes += 1
+            if self.scrapes == 1:
+                raise KeyError("a bug")
+            return "x 1.0\n"
+
+    ex = metrics.Exporter(Flaky(), "127.0.0.1", 0)
+    try:
+        assert _exchange(ex.address[1], b"GET / HTTP/1.1\r\n\r\n") == b""
+        assert _exchange(ex.address[1], b"GET / HTTP/1.1\r\n\r\n").endswith(b"\r\n\r\nx 1.0\n")
+        end = time.monotonic() + 5  # logged on the first scrape's thread, after its connection closed
+        while "metrics scrape failed" not in caplog.text and time.monotonic() < end:
+            time.sleep(0.01)
+        assert "metrics scrape failed" in caplog.text
+    finally:
+        ex.shutdown()

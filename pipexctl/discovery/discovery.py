@@ -866,17 +866,14 @@ class Discovery:
                 return []
         return self._reconcile_proc()
 
-    def _reconcile_kernel(self) -> list[Event]:
+    def _reconcile_kernel(self, sessions: Optional[set[tuple[int, int]]] = None) -> list[Event]:
+        """The kernel's sessions (``sessions``: a dump read already) applied to the calls."""
         if not self.kernel:
             return []
-        try:
-            if self._backend is None:
-                self._backend = NetlinkBackend(netns=self.netns)
-            sessions = self._backend.session_ids()
-        except errors.PipexError as e:
-            self.warnings.append(f"kernel: {e}")
-            self.kernel = False
-            return []
+        if sessions is None:
+            sessions = self._kernel_sessions()
+            if sessions is None:
+                return []
         ev: list[Event] = []
         for c in self.tracker.calls():
             if c.tunnel_id is None:
@@ -888,6 +885,17 @@ class Discovery:
                 # pty (the live move back): its pppd still runs there
                 ev += self.tracker.observe_data_path(c.instance, c.ref(), "userspace")
         return ev
+
+    def _kernel_sessions(self) -> Optional[set[tuple[int, int]]]:
+        """(tunnel id, session id) of every kernel session, or None when the kernel cannot be read (said once)."""
+        try:
+            if self._backend is None:
+                self._backend = NetlinkBackend(netns=self.netns)
+            return self._backend.session_ids()
+        except errors.PipexError as e:
+            self.warnings.append(f"kernel: {e}")
+            self.kernel = False
+            return None
 
     def poll(self, reconcile: bool = True, control: bool = False,
              scanned: Optional[Scanned] = None, scanned_at: Optional[float] = None, logs: bool = True) -> list[Event]:
@@ -927,9 +935,14 @@ class Discovery:
             # the kernel first: a pppd whose call it places is then read from
             # its stat line alone (scan_wanted), as the watcher's polls read
             # it; a restart's scan read the argv and fds of every offloaded
-            # call's pppd, 8 MiB at its peak with 10,000 of them
-            ev += self._reconcile_kernel()
+            # call's pppd, 8 MiB at its peak with 10,000 of them.  The same
+            # dump is applied again after /proc, whose word it corrects (as
+            # in a poll: a path /proc gave that the kernel does not hold)
+            sessions = self._kernel_sessions() if self.kernel else None
+            ev += self._reconcile_kernel(sessions)
             ev += self._reconcile_proc()
+            if sessions is not None:
+                ev += self._reconcile_kernel(sessions)
         finally:
             self.tracker.quiet = False
         return ev

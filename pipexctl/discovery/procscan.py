@@ -111,17 +111,19 @@ def _text(raw: bytes) -> str:
 
 # the words pppd command lines share ("/usr/sbin/pppd", "passive", an
 # options file), one string each: a scan of 10,000 LNS pppds held 10,000
-# copies of each.  Bounded, first come: words that fill it and never recur
-# cost only the saving
+# copies of each.  Bounded in words and in their length (any user names a
+# process xl2tpd and gives it arguments): junk that fills it costs only the
+# saving, at most 512 short words
 _WORDS: dict[bytes, str] = {}
 _MAX_WORDS = 512
+_MAX_WORD = 96
 
 
 def _word(raw: bytes) -> str:
     w = _WORDS.get(raw)
     if w is None:
         w = _text(raw)
-        if len(_WORDS) < _MAX_WORDS:
+        if len(raw) <= _MAX_WORD and len(_WORDS) < _MAX_WORDS:
             _WORDS[raw] = w
     return w
 

@@ -13,7 +13,6 @@ writer makes of the same families, and lint it with promtool.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
@@ -95,8 +94,7 @@ def families(m: dict[str, Any]) -> Iterator[Family]:
                   r["orphans_removed"])
     for f in SESSION_FIELDS:
         yield labelled("counter", f"pipexctl_session_{f}", f"Kernel counter {f} of an offloaded session",
-                       ("tunnel_id", "session_id", "peer"),
-                       (((str(s["tunnel_id"]), str(s["session_id"]), s["peer"]), s[f]) for s in m["sessions"]))
+                       ("tunnel_id", "session_id", "peer"), _session_rows(m["sessions"], f))
         yield counter(f"pipexctl_sessions_not_listed_{f}",
                       f"Sum of {f} of the sessions beyond the per-session series cap", m["sessions_not_listed"][f])
     yield gauge("pipexctl_sessions_not_listed", "Offloaded sessions beyond the per-session series cap",
@@ -123,6 +121,12 @@ def families(m: dict[str, Any]) -> Iterator[Family]:
                   m["xl2tpd_socket_drops"])
     yield counter("pipexctl_steering_restored", "Times the twins' nft table was written again after it vanished "
                   "(a firewall reload)", dp["steering_restored"])
+
+
+def _session_rows(sessions: list[dict[str, Any]], field: str) -> Iterator[tuple[tuple[str, str, str], float]]:
+    """One field of every listed session (a function: ``field`` bound per family, read when it is written)."""
+    for s in sessions:
+        yield (str(s["tunnel_id"]), str(s["session_id"]), s["peer"]), s[field]
 
 
 def process_families(pid: str = "self") -> list[Family]:
@@ -235,14 +239,17 @@ class ServeCollector:
 
 class Exporter:
     """/metrics over HTTP on one listening socket: a thread accepts, and a
-    thread per connection (at most MAX_CLIENTS at once; more are closed
-    unanswered) reads one request, answers it and closes.  A request is
-    read for at most TIMEOUT seconds and MAX_REQUEST bytes, so a client
-    that stalls holds its own thread only.  GET and HEAD of / or /metrics;
-    any other method 405, any other path 404."""
+    thread per connection (at most MAX_CLIENTS at once) reads one request,
+    answers it and closes.  A request's head is read for READ_TIMEOUT
+    seconds in all and MAX_REQUEST bytes at most, its answer sent within
+    TIMEOUT.  With every slot taken, a new client cuts off the one that has
+    been reading its request longest: a scraper sends its request at once,
+    so clients that connect and stall cannot keep Prometheus out.  GET and
+    HEAD of / or /metrics; any other method 405, any other path 404."""
 
     MAX_CLIENTS = 16
     MAX_REQUEST = 8192
+    READ_TIMEOUT = 3.0
     TIMEOUT = 10.0
 
     def __init__(self, collector: ServeCollector, host: str, port: int) -> None:
@@ -259,12 +266,17 @@ class Exporter:
             raise
         self.address = self.sock.getsockname()
         self._slots = threading.BoundedSemaphore(self.MAX_CLIENTS)
+        self._mu = threading.Lock()
+        self._reading: dict[socket.socket, float] = {}  # clients still reading their request, since when
+        self._stopping = False
+        self._failures: set[Optional[int]] = set()  # accept()'s errors logged once each
         self._thread = threading.Thread(target=self._accept, name="metrics-http", daemon=True)
         self._thread.start()
 
     def shutdown(self) -> None:
         """Stop accepting and close the listening socket (a scrape being
         answered finishes on its own thread)."""
+        self._stopping = True
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept()
         except OSError:
@@ -277,24 +289,46 @@ class Exporter:
             try:
                 conn, _ = self.sock.accept()
             except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    time.sleep(0.1)  # out of fds: the next scrape may find one
-                    continue
-                return  # shut down
-            if not self._slots.acquire(blocking=False):
-                conn.close()
+                if self._stopping:
+                    return
+                if e.errno not in self._failures:  # out of fds, a client gone before its accept...: go on
+                    self._failures.add(e.errno)
+                    log.warning("metrics endpoint: accept failed: %s (it goes on)", e)
+                time.sleep(0.1)
                 continue
+            if not self._slots.acquire(blocking=False):
+                self._cut_longest_reader()
+                if not self._slots.acquire(timeout=1.0):
+                    conn.close()
+                    continue
             try:
                 threading.Thread(target=self._serve, args=(conn,), name="metrics-scrape", daemon=True).start()
             except RuntimeError:  # no thread to be had: this scrape goes unanswered, the slot back
                 conn.close()
                 self._slots.release()
 
+    def _cut_longest_reader(self) -> None:
+        """End the read of the client that has been reading its request longest (its thread then answers 400)."""
+        with self._mu:  # under the lock: its thread closes it only after leaving _reading
+            if self._reading:
+                oldest = min(self._reading, key=self._reading.__getitem__)
+                try:
+                    oldest.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+
     def _serve(self, conn: socket.socket) -> None:
         try:
             with conn:
+                with self._mu:
+                    self._reading[conn] = time.monotonic()
+                try:
+                    request = self._read(conn)
+                finally:
+                    with self._mu:
+                        self._reading.pop(conn, None)
                 conn.settimeout(self.TIMEOUT)
-                status, body, head_only = self._answer(self._read(conn))
+                status, body, head_only = self._answer(request)
                 head = [f"HTTP/1.1 {status}", f"Content-Type: {CONTENT_TYPE if status == OK else 'text/plain'}",
                         f"Content-Length: {len(body)}", "Connection: close"]
                 head += ["Allow: GET, HEAD"] if status.startswith("405") else []
@@ -309,11 +343,16 @@ class Exporter:
     def _read(self, conn: socket.socket) -> Optional[bytes]:
         """The request's head (up to its blank line), or None when it is too large or cut short."""
         data = b""
-        deadline = time.monotonic() + self.TIMEOUT
+        deadline = time.monotonic() + self.READ_TIMEOUT
         while b"\r\n\r\n" not in data and b"\n\n" not in data:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return None
-            chunk = conn.recv(4096)
+            conn.settimeout(left)  # the whole head within READ_TIMEOUT, however it trickles in
+            try:
+                chunk = conn.recv(4096)
+            except socket.timeout:
+                return None
             if not chunk:
                 return None
             data += chunk

@@ -280,8 +280,7 @@ class OffloadServer:
                 return
             op = req.op
             if op == "status":
-                for piece in ok_reply(self.service.status_chunks()):
-                    conn.sendall(piece)
+                self._status(conn)
             elif op == "metrics":
                 self._reply(conn, {"ok": True, **self.service.metrics()})
             elif op == "reconcile":
@@ -427,6 +426,20 @@ class OffloadServer:
         for pid, name in left.items():
             failed[name] = self.service.pty_reasons.get(pid) or f"not moved within {LINK_ANSWER_WAIT:.0f} s"
         return done
+
+    def _status(self, conn: socket.socket) -> None:
+        """The status op: its reply sent piece by piece.  A failure once a
+        piece has gone out is logged and the connection closed: a refusal
+        after half an object would make the whole answer unreadable."""
+        sent = False
+        try:
+            for piece in ok_reply(self.service.status_chunks()):
+                conn.sendall(piece)
+                sent = True
+        except Exception as e:
+            if not sent:
+                raise
+            log.warning("status reply cut short: %s", e, exc_info=not isinstance(e, OSError))
 
     def _refuse(self, conn: socket.socket, error: str) -> None:
         """A failure's answer, if the requester still listens (when the hand-off itself failed, pppd is gone)."""

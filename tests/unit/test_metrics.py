@@ -55,6 +55,11 @@ def test_prometheus_text_parses_and_carries_the_numbers(srv):
     assert 0 <= val[("pipexctl_metrics_snapshot_seconds", ())] < 10
     assert val[("process_open_fds", ())] >= 3 and val[("process_resident_memory_bytes", ())] > 1 << 20
     assert fams["pipexctl_offloads"].type == "counter" and fams["pipexctl_build_info"].type == "gauge"
+    # the families taken whole first: each session family still carries its own counter
+    kept = {f.name: f for f in text_string_to_metric_families(metrics.render(list(metrics.families(
+        srv.service.metrics()))))}
+    assert [s.value for s in kept["pipexctl_session_tx_bytes"].samples] == [1234]
+    assert [s.value for s in kept["pipexctl_session_rx_bytes"].samples] == [0]
     assert fams["pipexctl_channel_latency_histogram_seconds"].type == "histogram"
 
 
@@ -283,35 +288,49 @@ def test_the_endpoint_answers_get_and_head_and_refuses_the_rest():
         socket.create_connection(("127.0.0.1", port), timeout=2)
 
 
-def test_a_client_that_stalls_holds_up_no_other_scrape(monkeypatch):
-    """A local user who connects and sends nothing (or a slow Prometheus)
-    keeps its own thread, for TIMEOUT at most; a scrape meanwhile is
-    answered at once; past MAX_CLIENTS stalled clients a connection is
-    closed unanswered, and scrapes are answered again once they time out."""
-    monkeypatch.setattr(metrics.Exporter, "TIMEOUT", 3.0)
+def test_clients_that_stall_keep_no_scrape_out(monkeypatch):
+    """A local user who connects and sends nothing (or trickles a byte at a
+    time) keeps its own thread, for READ_TIMEOUT in all; a scrape meanwhile
+    is answered at once; and with every slot held by stalled clients, a new
+    client cuts off the one that has read longest, so it is answered too."""
+    monkeypatch.setattr(metrics.Exporter, "READ_TIMEOUT", 3.0)
     monkeypatch.setattr(metrics.Exporter, "MAX_CLIENTS", 2)
     ex = metrics.Exporter(_Fixed(), "127.0.0.1", 0)
     port = ex.address[1]
 
     def answered() -> bool:
-        return _exchange(port, b"GET / HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 ")
-
-    def wait_until(pred) -> float:
         t = time.monotonic()
+        ok = _exchange(port, b"GET / HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+        return ok and time.monotonic() - t < 2.0  # not after a stalled client's 3 s
+
+    def wait_until(pred) -> None:
+        end = time.monotonic() + 10
         while not pred():
-            assert time.monotonic() - t < 10, "not within 10 s"
+            assert time.monotonic() < end, "not within 10 s"
             time.sleep(0.02)
-        return time.monotonic() - t
 
     try:
-        stalled = [socket.create_connection(("127.0.0.1", port))]
-        t = time.monotonic()
-        assert answered() and time.monotonic() - t < 2.0  # not after the stalled one's 3 s
-        stalled += [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
-        wait_until(lambda: ex._slots._value == 0)  # both slots held by stalled clients
-        assert _exchange(port, b"GET / HTTP/1.1\r\n\r\n") == b""  # closed unanswered
-        assert wait_until(answered) > 1.0  # once the stalled ones time out
-        for s in stalled:
+        first = socket.create_connection(("127.0.0.1", port), timeout=10)
+        assert answered()
+        later = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        wait_until(lambda: ex._slots._value == 0 and len(ex._reading) == 2)
+        assert first.recv(100).startswith(b"HTTP/1.1 400 ")  # the longest reader, cut off by the third
+        assert answered()  # cuts off the next longest
+        assert later[0].recv(100).startswith(b"HTTP/1.1 400 ")
+        trickle = socket.create_connection(("127.0.0.1", port), timeout=10)
+        t, got = time.monotonic(), b""
+        while not got and time.monotonic() - t < 8:
+            try:
+                trickle.sendall(b"G")
+            except OSError:
+                break
+            trickle.settimeout(0.5)
+            try:
+                got = trickle.recv(100)
+            except socket.timeout:
+                continue
+        assert got.startswith(b"HTTP/1.1 400 ") and 2.5 < time.monotonic() - t < 5  # cut at READ_TIMEOUT in all
+        for s in (first, *later, trickle):
             s.close()
     finally:
         ex.shutdown()

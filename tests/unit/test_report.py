@@ -101,6 +101,36 @@ def test_the_status_is_handed_on_piece_by_piece_with_no_lock_held(srv, monkeypat
     assert json.loads(b"".join(pieces)) == srv.service.status()
 
 
+def test_a_status_that_fails_once_sent_in_part_is_cut_short_not_refused(srv, monkeypatch, caplog):
+    """A row that raises after pieces went out: the reply ends there and
+    the daemon logs why.  A refusal glued to half an object would make the
+    whole answer unreadable; before any piece, the op is refused as any."""
+    import socket
+
+    from pipexctl.offload import report
+
+    monkeypatch.setattr(report, "BATCH", 1)
+    offload(srv, call(2))
+    real, rows = report._call_row, []
+
+    def failing(svc, c):
+        rows.append(c)
+        if len(rows) == 2:
+            raise KeyError("a bug")
+        return real(svc, c)
+
+    monkeypatch.setattr(report, "_call_row", failing)
+    with serving(srv):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(srv.socket_path)
+            s.sendall(b'{"op": "status"}\n')
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+    assert got.startswith(b'{"ok": true, "instances": ') and b'"ok": false' not in got
+    assert "status reply cut short" in caplog.text
+
+
 def test_an_ok_reply_around_encoded_fields_is_the_reply_of_those_fields():
     from pipexctl.offload.protocol import ok_reply, reply
 

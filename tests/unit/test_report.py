@@ -107,9 +107,10 @@ def test_a_status_that_fails_once_sent_in_part_is_cut_short_not_refused(srv, mon
     whole answer unreadable; before any piece, the op is refused as any."""
     import socket
 
-    from pipexctl.offload import report
+    from pipexctl.offload import report, server
 
     monkeypatch.setattr(report, "BATCH", 1)
+    monkeypatch.setattr(server, "STATUS_SEND", 1)  # each piece sent as it comes
     offload(srv, call(2))
     real, rows = report._call_row, []
 
@@ -129,6 +130,34 @@ def test_a_status_that_fails_once_sent_in_part_is_cut_short_not_refused(srv, mon
                 got += chunk
     assert got.startswith(b'{"ok": true, "instances": ') and b'"ok": false' not in got
     assert "status reply cut short" in caplog.text
+
+
+def test_a_small_status_comes_in_one_read(srv, monkeypatch):
+    """The pieces go out 64 KiB at a time: a small status is one send, as a
+    whole reply was, and a client that reads it with a single recv (the
+    kernel tests' own) gets all of it; a large one comes whole over reads."""
+    import socket
+
+    from pipexctl.offload import report, server
+
+    monkeypatch.setattr(report, "BATCH", 1)
+    offload(srv, call(2))
+
+    def ask(reads: int) -> bytes:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(srv.socket_path)
+            s.sendall(b'{"op": "status"}\n')
+            got = b""
+            for _ in range(reads):
+                got += s.recv(1 << 20)
+                if got.endswith(b"\n"):
+                    break
+            return got
+
+    with serving(srv):
+        assert json.loads(ask(1))["ok"] is True
+        monkeypatch.setattr(server, "STATUS_SEND", 100)
+        assert json.loads(ask(1000)) == {"ok": True, **srv.service.status()}
 
 
 def test_an_ok_reply_around_encoded_fields_is_the_reply_of_those_fields():

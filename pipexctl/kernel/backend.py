@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from .. import errors
 from ..model import Session, SessionCounters, SessionSpec, Stats, Tunnel, TunnelSpec
@@ -46,7 +46,8 @@ class KernelBackend(Protocol):
     def session_get(self, tunnel_id: int, session_id: int) -> Session: ...
     def session_dump(self) -> list[Session]: ...
     def session_ids(self) -> set[tuple[int, int]]: ...
-    def session_counters(self) -> list[SessionCounters]: ...
+    # with ``each``: every session handed to it as it is read, none kept (the list is empty)
+    def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]: ...
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel: ...
     def close(self) -> None: ...
 
@@ -114,8 +115,8 @@ class NetlinkBackend(KernelBackend):
     def session_ids(self) -> set[tuple[int, int]]:
         return self._nl("session ids").session_ids()
 
-    def session_counters(self) -> list[SessionCounters]:
-        return self._nl("session counters").session_counters()
+    def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]:
+        return self._nl("session counters").session_counters(each)
 
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
         """A PPPoL2TP socket on ``session``; with ``unit``, its channel is put
@@ -256,8 +257,13 @@ class NullBackend(KernelBackend):
     def session_ids(self) -> set[tuple[int, int]]:
         return set(self._sessions)
 
-    def session_counters(self) -> list[SessionCounters]:
-        return [SessionCounters(t, sid, *dataclasses.astuple(s.stats)) for (t, sid), s in self._sessions.items()]
+    def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]:
+        every = (SessionCounters(t, sid, *dataclasses.astuple(s.stats)) for (t, sid), s in list(self._sessions.items()))
+        if each is None:
+            return list(every)
+        for c in every:
+            each(c)
+        return []
 
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel:
         self._maybe_fail("ppp_connect", session.describe(), "connect a PPPoL2TP socket to")

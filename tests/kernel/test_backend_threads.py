@@ -72,6 +72,9 @@ def test_a_dump_of_many_answers_is_whole_and_the_socket_stays_usable(pair):
         # the raw counters reader (metrics) gives the decoder's ids and counters
         assert sorted(b.session_counters()) == sorted(
             SessionCounters(s.tunnel_id, s.session_id, *dataclasses.astuple(s.stats)) for s in dumped)
+        handed: list[SessionCounters] = []  # a scrape's way: each session handed over as read, none kept
+        assert b.session_counters(handed.append) == []
+        assert sorted(handed) == sorted(b.session_counters())
         assert len([x for x in ip_l2tp(pair.a, "session") if x["tunnel_id"] == 310]) == 600
         assert b.session_get(310, 600).peer_session_id == 600  # a request right after a dump
     finally:

@@ -237,3 +237,42 @@ def test_per_session_series_are_capped_and_the_rest_summed(srv):
     m = srv.service.metrics()
     assert [s["session_id"] for s in m["sessions"]] == [1]
     assert m["sessions_not_listed"]["count"] == 2 and m["sessions_not_listed"]["rx_bytes"] == 570
+
+
+@pytest.mark.parametrize("keep", [0, 1, 3, 50, 64, 100])
+def test_the_fold_keeps_the_lowest_sessions_and_sums_the_rest_as_a_sort_would(keep):
+    """A scrape folds the sessions as the dump hands them over (in no
+    order): what it lists and sums is what sorting all of them gives."""
+    import random
+
+    from pipexctl.model import SessionCounters
+    from pipexctl.offload.report import COUNTER_FIELDS, SessionFold
+
+    rnd = random.Random(keep)
+    ids = rnd.sample([(t, s) for t in range(1, 9) for s in range(1, 20)], 64)
+    n = len(SessionCounters._fields) - 2
+    sessions = [SessionCounters(t, s, *(rnd.randrange(10**12) for _ in range(n))) for t, s in ids]
+    fold = SessionFold(keep)
+    for c in sessions:
+        fold.add(c, f"peer-{c.tunnel_id}")
+    ordered = sorted(sessions)
+    assert fold.listed() == [(c, f"peer-{c.tunnel_id}") for c in ordered[:keep]]
+    assert fold.rest == len(ordered[keep:])
+    assert fold.rest_sums == [sum(getattr(c, f) for c in ordered[keep:]) for f in COUNTER_FIELDS]
+
+
+def test_a_session_the_daemon_does_not_own_is_neither_listed_nor_summed(srv):
+    """The kernel's other sessions (xl2tpd's kernel-mode calls, another
+    daemon's) are no series of ours."""
+    from pipexctl.model import PwType, SessionSpec, TunnelSpec
+
+    offload(srv, call(1))
+    b = srv.service.backend
+    b.tunnel_create(TunnelSpec(tunnel_id=555, peer_tunnel_id=9, version=2, fd=0))
+    b.session_create(SessionSpec(tunnel_id=555, session_id=1, peer_session_id=2, version=2, pw_type=PwType.ppp))
+    b.session_create(SessionSpec(tunnel_id=100, session_id=77, peer_session_id=2, version=2, pw_type=PwType.ppp))
+    b.session_get(555, 1).stats.rx_bytes = 9
+    srv.service.max_session_series = 0
+    m = srv.service.metrics()
+    assert m["sessions"] == [] and m["sessions_not_listed"]["count"] == 1
+    assert m["sessions_not_listed"]["rx_bytes"] == 0

@@ -177,23 +177,29 @@ def _label(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def render(fams: Iterable[Family]) -> str:
-    """The families in Prometheus' text format 0.0.4: a family's HELP and
-    TYPE under its exposed name (a counter's with ``_total``, an info's with
-    ``_info`` as a gauge), then a line per sample, labels sorted."""
-    out: list[str] = []
+def render_to(out: bytearray, fams: Iterable[Family]) -> bytearray:
+    """The families appended to ``out`` in Prometheus' text format 0.0.4:
+    a family's HELP and TYPE under its exposed name (a counter's with
+    ``_total``, an info's with ``_info`` as a gauge), then a line per
+    sample, labels sorted.  Written as bytes into one buffer: a list of
+    10,000 lines joined and then encoded had held the text three times."""
     for fam in fams:
         name, kind = fam.name, fam.kind
         if kind == "counter":
             name += "_total"
         elif kind == "info":
             name, kind = name + "_info", "gauge"
-        out.append(f"# HELP {name} {_help(fam.help)}\n")
-        out.append(f"# TYPE {name} {kind}\n")
+        out += f"# HELP {name} {_help(fam.help)}\n# TYPE {name} {kind}\n".encode()
         for s in fam.samples:
             labels = ",".join(f'{k}="{_label(v)}"' for k, v in sorted(s.labels))
-            out.append(f"{s.name}{{{labels}}} {_number(s.value)}\n" if labels else f"{s.name} {_number(s.value)}\n")
-    return "".join(out)
+            out += (f"{s.name}{{{labels}}} {_number(s.value)}\n" if labels
+                    else f"{s.name} {_number(s.value)}\n").encode()
+    return out
+
+
+def render(fams: Iterable[Family]) -> str:
+    """``render_to``'s text as a string."""
+    return render_to(bytearray(), fams).decode()
 
 
 # ---- the daemon's families, and the HTTP endpoint
@@ -213,18 +219,19 @@ class ServeCollector:
     def __init__(self, service: OffloadService) -> None:
         self.service = service
         self._lock = threading.Lock()
-        self._cache: tuple[float, str, float] = (float("-inf"), "", 0.0)  # when, text, seconds taken
+        # when, text, seconds taken; the text is never changed once cached (scrapes send it as it is)
+        self._cache: tuple[float, bytes | bytearray, float] = (float("-inf"), b"", 0.0)
         self.snapshots = 0
 
-    def text(self) -> str:
-        """The daemon's families (the process' own are not in it)."""
+    def text(self) -> bytes | bytearray:
+        """The daemon's families in the text format (the process' own are not in it)."""
         with self._lock:
             at, text, took = self._cache
             if time.monotonic() - at >= max(self.MIN_INTERVAL, took / self.SHARE):
                 t = time.monotonic()
-                text = render(families(self.service.metrics()))  # kept as text: a tenth of the memory of samples
+                text = render_to(bytearray(), families(self.service.metrics()))  # text: a tenth of samples' memory
                 took = time.monotonic() - t
-                text += render([gauge(
+                render_to(text, [gauge(
                     "pipexctl_metrics_snapshot_seconds", "How long the daemon took to read these numbers (they "
                     f"serve the scrapes of {1 / self.SHARE:.0f} times as long, at least {self.MIN_INTERVAL:.0f} s)",
                     took)])
@@ -232,9 +239,14 @@ class ServeCollector:
                 self.snapshots += 1
         return text
 
+    def pieces(self) -> list[bytes | bytearray]:
+        """What GET /metrics answers, in the pieces it is sent in: the
+        daemon's families, then the process' (not joined: no second copy)."""
+        return [self.text(), render_to(bytearray(), process_families())]
+
     def scrape(self) -> str:
-        """What GET /metrics answers: the daemon's families, then the process'."""
-        return self.text() + render(process_families())
+        """What GET /metrics answers, as one string."""
+        return b"".join(self.pieces()).decode()
 
 
 class Exporter:
@@ -330,9 +342,11 @@ class Exporter:
                 conn.settimeout(self.TIMEOUT)
                 status, body, head_only = self._answer(request)
                 head = [f"HTTP/1.1 {status}", f"Content-Type: {CONTENT_TYPE if status == OK else 'text/plain'}",
-                        f"Content-Length: {len(body)}", "Connection: close"]
+                        f"Content-Length: {sum(map(len, body))}", "Connection: close"]
                 head += ["Allow: GET, HEAD"] if status.startswith("405") else []
-                conn.sendall("\r\n".join([*head, "", ""]).encode() + (b"" if head_only else body))
+                conn.sendall("\r\n".join([*head, "", ""]).encode())
+                for piece in () if head_only else body:
+                    conn.sendall(piece)
         except OSError:  # the client went, or stalled past TIMEOUT
             pass
         except Exception:  # a bug in a snapshot: logged, the daemon goes on, the client sees the connection close
@@ -360,19 +374,19 @@ class Exporter:
                 return None
         return data
 
-    def _answer(self, head: Optional[bytes]) -> tuple[str, bytes, bool]:
-        """(status line, body, whether only the head is sent) for a request's head."""
+    def _answer(self, head: Optional[bytes]) -> tuple[str, list[bytes | bytearray], bool]:
+        """(status line, the body's pieces, whether only the head is sent) for a request's head."""
         if head is None:
-            return "400 Bad Request", b"bad request\n", False
+            return "400 Bad Request", [b"bad request\n"], False
         parts = head.split(b"\n", 1)[0].split()
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-            return "400 Bad Request", b"bad request\n", False
+            return "400 Bad Request", [b"bad request\n"], False
         method, path = parts[0], parts[1].split(b"?", 1)[0]
         if method not in (b"GET", b"HEAD"):
-            return "405 Method Not Allowed", b"GET or HEAD only\n", False
+            return "405 Method Not Allowed", [b"GET or HEAD only\n"], False
         if path not in (b"/", b"/metrics"):
-            return "404 Not Found", b"see /metrics\n", method == b"HEAD"
-        return OK, self.collector.scrape().encode(), method == b"HEAD"
+            return "404 Not Found", [b"see /metrics\n"], method == b"HEAD"
+        return OK, self.collector.pieces(), method == b"HEAD"
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -59,7 +59,7 @@ def test_serve_with_metrics_imports_no_http_email_or_tls_library():
 
     probe = ("import sys, socket\n"
              "from pipexctl.offload import metrics\n"
-             "class C:\n    def scrape(self):\n        return 'x 1.0\\n'\n"
+             "class C:\n    def pieces(self):\n        return [b'x 1.0\\n']\n"
              "ex = metrics.Exporter(C(), '127.0.0.1', 0)\n"
              "with socket.create_connection(ex.address) as s:\n"
              "    s.sendall(b'GET /metrics HTTP/1.1\\r\\n\\r\\n')\n"

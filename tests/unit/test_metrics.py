@@ -156,7 +156,10 @@ def test_http_endpoint_and_stat_serve_give_the_same_numbers(srv, tmp_path):
         with serving(srv):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
                 assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
-                body = resp.read().decode()
+                raw = resp.read()
+                body = raw.decode()
+            # sent in pieces (the daemon's text, the process'): the length is theirs together
+            assert len(raw) == int(resp.headers["Content-Length"]) and body.endswith("\n")
             assert 'pipexctl_session_rx_packets_total{peer="192.0.2.7",session_id="1",tunnel_id="100"} 9.0' in body
             assert "process_open_fds" in body and "process_resident_memory_bytes" in body
             r = CliRunner().invoke(cli, ["stat", "--serve", "--socket", srv.socket_path, "--json"])
@@ -245,9 +248,9 @@ class _Fixed:
     def __init__(self) -> None:
         self.scrapes = 0
 
-    def scrape(self) -> str:
+    def pieces(self) -> list[bytes]:
         self.scrapes += 1
-        return "x 1.0\n"
+        return [b"x 1.0\n"]
 
 
 def _exchange(port: int, request: bytes) -> bytes:
@@ -338,11 +341,11 @@ def test_clients_that_stall_keep_no_scrape_out(monkeypatch):
 
 def test_a_snapshot_that_fails_is_logged_and_the_next_scrape_is_answered(caplog):
     class Flaky(_Fixed):
-        def scrape(self) -> str:
+        def pieces(self) -> list[bytes]:
             self.scrapes += 1
             if self.scrapes == 1:
                 raise KeyError("a bug")
-            return "x 1.0\n"
+            return [b"x 1.0\n"]
 
     ex = metrics.Exporter(Flaky(), "127.0.0.1", 0)
     try:

@@ -70,6 +70,12 @@ class Placed:
             return set()
         return {(1000 + i, 3000 + i) for i in range(self.n)}  # farm.call_lines' ids
 
+    def session_keys(self) -> set[int]:  # what a poll asks since 2026-12-07 (a tree without it asks session_ids)
+        if self.late:
+            self.late = False
+            return set()
+        return {(1000 + i) << 32 | (3000 + i) for i in range(self.n)}
+
     def close(self) -> None:
         pass
 

@@ -244,6 +244,12 @@ class Stats:
         check(self)
 
 
+def session_key(tunnel_id: int, session_id: int) -> int:
+    """A kernel session's two ids as one int (L2TPv3's ids are 32 bits
+    wide): a set of 10,000 keys costs half a set of (tunnel, session) pairs."""
+    return tunnel_id << 32 | session_id
+
+
 class SessionCounters(NamedTuple):
     """One session's ids and kernel counters (``Stats``' fields, in its
     order: tests/unit/test_netlink_golden.py holds the two equal), as a

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Literal, Op
 
 from .. import defaults, errors
 from ..kernel.backend import NetlinkBackend
+from ..model import session_key
 from . import checkpoint as cpt, logparse as lp, procscan
 from .barrier import LogBarrier
 from .control import Available, ControlClient, ControlError, StatusTunnel
@@ -866,7 +867,7 @@ class Discovery:
                 return []
         return self._reconcile_proc()
 
-    def _reconcile_kernel(self, sessions: Optional[set[tuple[int, int]]] = None) -> list[Event]:
+    def _reconcile_kernel(self, sessions: Optional[set[int]] = None) -> list[Event]:
         """The kernel's sessions (``sessions``: a dump read already) applied to the calls."""
         if not self.kernel:
             return []
@@ -878,7 +879,7 @@ class Discovery:
         for c in self.tracker.calls():
             if c.tunnel_id is None:
                 continue
-            if (c.tunnel_id, c.call_id) in sessions:
+            if session_key(c.tunnel_id, c.call_id) in sessions:
                 ev += self.tracker.observe_data_path(c.instance, c.ref(), "kernel")
             elif c.data_path == "kernel" and self.tracker.instances[c.instance].kernel_mode is False:
                 # a userspace-mode xl2tpd's call leaves the kernel only for its
@@ -886,12 +887,12 @@ class Discovery:
                 ev += self.tracker.observe_data_path(c.instance, c.ref(), "userspace")
         return ev
 
-    def _kernel_sessions(self) -> Optional[set[tuple[int, int]]]:
-        """(tunnel id, session id) of every kernel session, or None when the kernel cannot be read (said once)."""
+    def _kernel_sessions(self) -> Optional[set[int]]:
+        """Every kernel session's ``session_key``, or None when the kernel cannot be read (said once)."""
         try:
             if self._backend is None:
                 self._backend = NetlinkBackend(netns=self.netns)
-            return self._backend.session_ids()
+            return self._backend.session_keys()
         except errors.PipexError as e:
             self.warnings.append(f"kernel: {e}")
             self.kernel = False

@@ -16,7 +16,7 @@ import errno
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from .. import errors
-from ..model import Session, SessionCounters, SessionSpec, Stats, Tunnel, TunnelSpec
+from ..model import Session, SessionCounters, SessionSpec, Stats, Tunnel, TunnelSpec, session_key
 
 # NetlinkBackend imports netlink (pyroute2: memory), pppol2tp and netns (ctypes, and a libc
 # lookup that runs ldconfig) where it first needs them: a NullBackend user, and `pipexctl`'s
@@ -46,6 +46,7 @@ class KernelBackend(Protocol):
     def session_get(self, tunnel_id: int, session_id: int) -> Session: ...
     def session_dump(self) -> list[Session]: ...
     def session_ids(self) -> set[tuple[int, int]]: ...
+    def session_keys(self) -> set[int]: ...  # model.session_key of each session
     # with ``each``: every session handed to it as it is read, none kept (the list is empty)
     def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]: ...
     def ppp_connect(self, tunnel: Tunnel, session: Session, unit: Optional[int] = None) -> PPPChannel: ...
@@ -114,6 +115,9 @@ class NetlinkBackend(KernelBackend):
 
     def session_ids(self) -> set[tuple[int, int]]:
         return self._nl("session ids").session_ids()
+
+    def session_keys(self) -> set[int]:
+        return self._nl("session keys").session_keys()
 
     def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]:
         return self._nl("session counters").session_counters(each)
@@ -256,6 +260,9 @@ class NullBackend(KernelBackend):
 
     def session_ids(self) -> set[tuple[int, int]]:
         return set(self._sessions)
+
+    def session_keys(self) -> set[int]:
+        return {session_key(t, s) for t, s in self._sessions}
 
     def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]:
         every = (SessionCounters(t, sid, *dataclasses.astuple(s.stats)) for (t, sid), s in list(self._sessions.items()))

@@ -105,6 +105,7 @@ from ..model import (  # noqa: E402
     Stats,
     Tunnel,
     TunnelSpec,
+    session_key,
 )
 from ..records import names  # noqa: E402
 from . import uapi  # noqa: E402
@@ -470,6 +471,12 @@ def _ids(data: bytes, off: int, length: int) -> tuple[Optional[int], Optional[in
     return tid, sid
 
 
+def _key(data: bytes, off: int, length: int) -> Optional[int]:
+    """``_ids`` as one ``session_key`` (None without both ids)."""
+    tid, sid = _ids(data, off, length)
+    return None if tid is None or sid is None else session_key(tid, sid)
+
+
 # the kernel's counter attribute -> its place in SessionCounters' counters (Stats' order)
 _COUNTER_SLOT = {getattr(uapi, "L2TP_ATTR_" + name.upper()): i for i, name in enumerate(names(Stats))}
 
@@ -738,6 +745,11 @@ class L2tpNetlink:
         10,000-session scan took seconds of CPU)."""
         got = self._request(build_session_get(), NLM_F_REQUEST | NLM_F_DUMP, "sessions", "dump", cls=_ids)
         return {ids for ids in got if None not in ids}  # the answers' own tuples: no second 10,000
+
+    def session_keys(self) -> set[int]:
+        """``session_ids`` as keys (model.session_key): the daemon's polls
+        hold one int per session, not a pair of ints in a tuple."""
+        return set(self._request(build_session_get(), NLM_F_REQUEST | NLM_F_DUMP, "sessions", "dump", cls=_key))
 
     def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]:
         """Ids and kernel counters of every session, read from the raw dump

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from pipexctl.kernel.backend import NetlinkBackend
-from pipexctl.model import Endpoint, PwType, SessionCounters, SessionSpec, TunnelSpec
+from pipexctl.model import Endpoint, PwType, SessionCounters, SessionSpec, TunnelSpec, session_key
 from pipexctl.testing.lab import fd_kinds
 
 from .conftest import ip_l2tp
@@ -67,6 +67,7 @@ def test_a_dump_of_many_answers_is_whole_and_the_socket_stays_usable(pair):
                                          pw_type=PwType.ppp))
         want = {(310, sid) for sid in range(1, 601)}
         assert b.session_ids() == want
+        assert b.session_keys() == {session_key(*ids) for ids in want}
         dumped = b.session_dump()
         assert {(s.tunnel_id, s.session_id) for s in dumped} == want
         # the raw counters reader (metrics) gives the decoder's ids and counters

@@ -16,7 +16,7 @@ import struct
 import pytest
 
 from pipexctl.kernel import netlink as nl, uapi
-from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec
+from pipexctl.model import Encap, Endpoint, PwType, SessionSpec, TunnelSpec, session_key
 from pipexctl.records import names
 
 FAMILY, FLAGS, SEQ, PID = 0x1D, 0x5, 7, 4242
@@ -209,6 +209,8 @@ def test_session_ids_read_from_the_raw_answer_match_the_decoder():
         d = n.l2tpmsg(data[4:])
         d.decode()
         assert n._ids(data, 4, len(data) - 4) == (d.get_attr("L2TP_ATTR_CONN_ID"), d.get_attr("L2TP_ATTR_SESSION_ID"))
+        ids = n._ids(data, 4, len(data) - 4)
+        assert n._key(data, 4, len(data) - 4) == (None if None in ids else session_key(*ids))
 
 
 def test_session_counters_read_from_the_raw_answer_match_the_decoder():
@@ -262,3 +264,12 @@ def test_a_run_of_ids_packs_as_its_attributes_one_by_one():
         assert run(*values) == b"".join(nl._A[n](v) for n, v in zip(names, values))
     with pytest.raises(ValueError):
         nl._run("L2TP_ATTR_CONN_ID")  # no request sends a run of one
+
+
+def test_session_keys_tell_every_pair_of_32_bit_ids_apart():
+    """A discovery poll holds the kernel's sessions as keys: two sessions
+    never share one, at the edges of L2TPv3's 32-bit ids either."""
+    edge = (0, 1, 0xFFFF, 0x10000, 0x7FFFFFFF, 0xFFFFFFFF)
+    pairs = [(t, s) for t in edge for s in edge]
+    assert len({session_key(t, s) for t, s in pairs}) == len(pairs)
+    assert all(divmod(session_key(t, s), 1 << 32) == (t, s) for t, s in pairs)

@@ -905,7 +905,10 @@ class Discovery:
 
         ``scanned``: a ``procscan.scan()`` result begun at ``scanned_at``
         (monotonic; a caller that serialises access to this object can scan
-        /proc outside its lock).
+        /proc outside its lock).  It is handed over: its pppds are dropped
+        (``scanned[1]`` emptied) once applied, before the kernel's dump is
+        read, so that the two are not held at once (at 10,000 calls 1.5 and
+        0.8 MiB at the poll's peak).
         ``poll_seconds`` gets the time each part took (for a slow poll's log line)."""
         t = time.monotonic()
         ev = self._read_logs() if logs else []
@@ -913,7 +916,15 @@ class Discovery:
         if reconcile:
             parts: list[tuple[str, Callable[[], list[Event]]]] = [
                 ("control", self._reconcile_control)] if control else []
-            parts += [("proc", lambda: self._reconcile_proc(scanned, scanned_at)), ("kernel", self._reconcile_kernel)]
+
+            def proc() -> list[Event]:
+                try:
+                    return self._reconcile_proc(scanned, scanned_at)
+                finally:
+                    if scanned is not None:
+                        scanned[1].clear()
+
+            parts += [("proc", proc), ("kernel", self._reconcile_kernel)]
             try:
                 for name, part in parts:
                     t = time.monotonic()

@@ -444,3 +444,37 @@ def test_an_xl2tpd_started_after_the_scan_began_is_not_declared_gone(tmp_path):
     ev = d._reconcile_proc(scanned=([], {}))
     assert [e.event for e in ev] == ["CallDown", "TunnelDown"] and ev[1].reason == f"xl2tpd pid {os.getpid()} is gone"
     d.close()
+
+
+def test_a_poll_drops_the_scan_it_was_handed_before_it_reads_the_kernel(tmp_path):
+    """A poll given a /proc scan applies it, then lets its pppds go before
+    the kernel's dump is read: at 10,000 calls the two together were the
+    poll's peak.  The scan's word still counts (the call is matched)."""
+    import subprocess
+
+    from pipexctl.discovery import procscan
+    from pipexctl.kernel.backend import NullBackend
+
+    pppd = subprocess.Popen(["sleep", "60"])
+    try:
+        me = os.getpid()
+        d = _one_lns_call(tmp_path, me, pppd.pid, f"xl2tpd[{me}]: Not looking for kernel support.\n")
+        d.proc = d.kernel = True
+        held_at_dump: list[int] = []
+
+        class Kernel(NullBackend):
+            def session_keys(self) -> set[int]:
+                held_at_dump.append(sum(map(len, scanned[1].values())))
+                return super().session_keys()
+
+        d._backend = Kernel()
+        xl2tpd = procscan.Proc(pid=me, ppid=os.getppid(), comm="xl2tpd", argv=["xl2tpd"], start=0)
+        on_pty = procscan.Proc(pid=pppd.pid, ppid=me, comm="pppd", argv=["pppd"], start=0, ttys=["/dev/pts/3"])
+        scanned = ([xl2tpd], {me: [on_pty]})
+        d.poll(reconcile=True, scanned=scanned, scanned_at=time.monotonic(), logs=False)
+        assert held_at_dump == [0] and scanned[1] == {}
+        (c,) = d.tracker.calls()
+        assert c.data_path == "userspace"  # from the scan: its pty
+    finally:
+        pppd.kill()
+        pppd.wait()

@@ -262,7 +262,7 @@ class NullBackend(KernelBackend):
         return set(self._sessions)
 
     def session_keys(self) -> set[int]:
-        return {session_key(t, s) for t, s in self._sessions}
+        return {session_key(t, s) for t, s in list(self._sessions)}
 
     def session_counters(self, each: Optional[Callable[[SessionCounters], None]] = None) -> list[SessionCounters]:
         every = (SessionCounters(t, sid, *dataclasses.astuple(s.stats)) for (t, sid), s in list(self._sessions.items()))

@@ -339,13 +339,16 @@ class Exporter:
                 finally:
                     with self._mu:
                         self._reading.pop(conn, None)
-                conn.settimeout(self.TIMEOUT)
                 status, body, head_only = self._answer(request)
                 head = [f"HTTP/1.1 {status}", f"Content-Type: {CONTENT_TYPE if status == OK else 'text/plain'}",
                         f"Content-Length: {sum(map(len, body))}", "Connection: close"]
                 head += ["Allow: GET, HEAD"] if status.startswith("405") else []
-                conn.sendall("\r\n".join([*head, "", ""]).encode())
-                for piece in () if head_only else body:
+                deadline = time.monotonic() + self.TIMEOUT  # the whole answer within TIMEOUT, however many pieces
+                for piece in ["\r\n".join([*head, "", ""]).encode(), *(() if head_only else body)]:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise socket.timeout("answer not taken within TIMEOUT")
+                    conn.settimeout(left)
                     conn.sendall(piece)
         except OSError:  # the client went, or stalled past TIMEOUT
             pass

@@ -134,6 +134,7 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
             svc.metrics_backend.session_counters(owned)
         except (errors.PipexError, OSError) as e:
             error = str(e)
+            fold = SessionFold(svc.max_session_series)  # a dump cut short: no series, rather than a part of them
     listed = [{"tunnel_id": s.tunnel_id, "session_id": s.session_id, "peer": peer,
                **{f: getattr(s, f) for f in COUNTER_FIELDS}} for s, peer in fold.listed()]
     return {

@@ -276,3 +276,27 @@ def test_a_session_the_daemon_does_not_own_is_neither_listed_nor_summed(srv):
     m = srv.service.metrics()
     assert m["sessions"] == [] and m["sessions_not_listed"]["count"] == 1
     assert m["sessions_not_listed"]["rx_bytes"] == 0
+
+
+def test_a_dump_cut_short_gives_its_error_and_no_part_of_the_series(srv):
+    """The kernel's dump failing half way (ENOBUFS, say) is the snapshot's
+    error; the sessions it handed over before are neither listed nor
+    summed, so no scrape shows a part of the counters as if whole."""
+    from pipexctl import errors as errs
+
+    for c in (call(1), call(2)):
+        offload(srv, c)
+    b = srv.service.backend
+    real = b.session_counters
+
+    def cut_short(each=None):
+        if each is None:
+            return real()
+        real(each)  # every session handed over, then the dump fails
+        raise errs.KernelError("cannot dump sessions: netlink socket: No buffer space available")
+
+    b.session_counters = cut_short
+    srv.service.max_session_series = 1
+    m = srv.service.metrics()
+    assert m["kernel_error"] and m["sessions"] == [] and m["sessions_not_listed"]["count"] == 0
+    assert m["offloaded_sessions"] == 2

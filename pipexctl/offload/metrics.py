@@ -22,11 +22,11 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from .. import __version__
+from .report import COUNTER_FIELDS
 
 if TYPE_CHECKING:
     from .service import OffloadService
 
-SESSION_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
 log = logging.getLogger("pipexctl.serve")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -92,7 +92,7 @@ def families(m: dict[str, Any]) -> Iterator[Family]:
     yield counter("pipexctl_reconcile_adopted_sessions", "Sessions adopted by a reconcile", r["adopted"])
     yield counter("pipexctl_reconcile_orphans_removed", "Orphan kernel objects removed by a reconcile",
                   r["orphans_removed"])
-    for f in SESSION_FIELDS:
+    for f in COUNTER_FIELDS:
         yield labelled("counter", f"pipexctl_session_{f}", f"Kernel counter {f} of an offloaded session",
                        ("tunnel_id", "session_id", "peer"), _session_rows(m["sessions"], f))
         yield counter(f"pipexctl_sessions_not_listed_{f}",

@@ -157,6 +157,7 @@ def metrics(svc: "OffloadService") -> dict[str, Any]:
 
 
 
+# the kernel counters of each session a snapshot lists and sums (the metrics endpoint's series too)
 COUNTER_FIELDS = ("rx_packets", "rx_bytes", "rx_errors", "tx_packets", "tx_bytes", "tx_errors")
 
 

@@ -21,6 +21,9 @@ CODE-CASE-K-N-lns-{serve,xl2tpd,pppd}.log.gz.
 - where the plugin stamped its ack (since c8ac1ae; the line's tail "; as
   pppd saw it ..."), the request as pppd timed it, the request less pppd's
   wake for the reply and its checks, and the slowest 5 % of those split;
+  where it also says how long pppd was runnable and waiting for a CPU
+  inside its ask (the plugin's schedstat, since 2026-12-07: ", its own
+  wait for a CPU N"), that wait's percentiles and those of the ask less it;
   where the line also says what came before the daemon's clock (since
   f708219: "; before our clock ..."), its percentiles and the slowest 5 %
   by pppd's own time, split into those steps.
@@ -50,7 +53,7 @@ OFFLOAD = re.compile(r"offloaded in (\d+) ms \(ms: discovery (\d+), of it the ca
 PARTS = ("request", "discovery", "line", "lock", "kernel", "on a CPU", "waiting for a CPU", "state file", "hand-off")
 # the tail a stamping plugin's ack adds (since the stamps; earlier records have none)
 AS_PPPD = re.compile(r"; as pppd saw it (\d+) ms \(ms: its wake for our reply (\d+), its checks (\d+), "
-                     r"our read of its ack (\d+)\)")
+                     r"our read of its ack (\d+)(?:, its own wait for a CPU (\d+))?\)")
 PPPD_PARTS = ("as pppd saw it", "its wake for our reply", "its checks", "our read of its ack")
 BEFORE = re.compile(r"; before our clock (\d+) ms \(ms: until our accept (\d+), its thread (\d+), "
                     r"the request read (\d+), its pppd proven (\d+)\)")
@@ -88,7 +91,8 @@ def _stamp(line: str) -> Optional[float]:
 
 
 # start, the daemon's parts, pppd's (PPPD_PARTS, then BEFORE_PARTS when logged)
-Offload = tuple[float, tuple[int, ...], Optional[tuple[int, ...]]]
+# (start, the daemon's parts, pppd's parts and the steps before our clock, pppd's own wait for a CPU)
+Offload = tuple[float, tuple[int, ...], Optional[tuple[int, ...]], Optional[int]]
 
 
 def serve_log(path: Path) -> tuple[list[Offload], list[tuple[float, float]]]:
@@ -102,8 +106,9 @@ def serve_log(path: Path) -> tuple[list[Offload], list[tuple[float, float]]]:
             if m := OFFLOAD.search(line):
                 parts = tuple(int(x) for x in m.groups())
                 pppd, before = AS_PPPD.search(line, m.end()), BEFORE.search(line, m.end())
-                seen = tuple(int(x) for x in pppd.groups() + (before.groups() if before else ())) if pppd else None
-                offloads.append((t - parts[0] / 1000, parts, seen))
+                seen = tuple(int(x) for x in pppd.groups()[:4] + (before.groups() if before else ())) if pppd else None
+                cpu_wait = int(pppd.group(5)) if pppd and pppd.group(5) else None
+                offloads.append((t - parts[0] / 1000, parts, seen, cpu_wait))
             elif m := FULL_POLL.search(line):
                 polls.append((t - int(m.group(1)) / 1000, t))
     return offloads, polls
@@ -170,12 +175,12 @@ def table(d: Path) -> dict:
     for code, k in sorted({(r.code, r.k) for r in rs if r.offloads}):
         pool = [r for r in rs if (r.code, r.k) == (code, k)]
         offs = [o for r in pool for o in r.offloads]
-        req, line = [p[0] for _, p, _ in offs], [p[2] for _, p, _ in offs]
-        slow = slowest(sorted(p for _, p, _ in offs))
-        stamped = sorted((p, q) for _, p, q in offs if q is not None)
+        req, line = [p[0] for _, p, _, _ in offs], [p[2] for _, p, _, _ in offs]
+        slow = slowest(sorted(p for _, p, _, _ in offs))
+        stamped = sorted((p, q) for _, p, q, _ in offs if q is not None)
         waited = during = others = others_during = 0
         for r in pool:
-            for start, p, _ in r.offloads:
+            for start, p, _, _ in r.offloads:
                 in_poll = any(a - 0.05 <= start + p[2] / 1000 and start <= b for a, b in r.polls)
                 if p[2] > 100:
                     waited, during = waited + 1, during + in_poll
@@ -198,6 +203,12 @@ def table(d: Path) -> dict:
                 "less_pppds_wake_and_checks_p50_p90_p99_ms": pcts([p[0] - q[1] - q[2] for p, q in stamped]),
                 "slowest_5_percent_of_stamped_mean_ms": {**means([p for p, _ in tail], PARTS),
                                                          **means([q for _, q in tail], PPPD_PARTS)}})
+            # pppd's own wait for a CPU inside its ask (the plugin's schedstat, since 2026-12-07): the ask less it
+            # is what the daemon and the sockets took
+            waits = [(q[0], w) for _, _, q, w in offs if q is not None and w is not None]
+            if waits:
+                c.update({"pppds_own_cpu_wait_p50_p90_p99_ms": pcts([w for _, w in waits]),
+                          "as_pppd_saw_less_its_cpu_wait_p50_p90_p99_ms": pcts([a - w for a, w in waits])})
             timed = sorted(q for _, q in stamped if len(q) > len(PPPD_PARTS))  # the steps before our clock logged
             if timed:
                 c.update({"before_our_clock_p50_p90_p99_ms": pcts([q[len(PPPD_PARTS)] for q in timed]),

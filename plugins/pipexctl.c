@@ -39,6 +39,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <net/if.h>
 #include <poll.h>
 #include <stdio.h>
@@ -120,6 +121,29 @@ static int px_tty = -1;			/* offloaded at pppd's start: the pty, kept for a move
  * sent back in the ack, so the daemon's log splits the hand-off between its
  * own threads and this pppd's scheduling (the clock is one per machine) */
 static long long px_t_asked, px_t_read;
+/* this thread's time runnable and waiting for a CPU (ns) at those two points:
+ * the kernel's schedstat tells the daemon how much of the ask was pppd's own
+ * wait for a CPU on a busy machine (-1: not known, and not sent) */
+static long long px_q_asked = -1, px_q_read = -1;
+
+static long long px_runq_ns(void)
+{
+	char buf[96];
+	unsigned long long run, wait;
+	ssize_t n;
+	int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = 0;
+	if (sscanf(buf, "%llu %llu", &run, &wait) != 2 || wait > (unsigned long long)LLONG_MAX)
+		return -1;
+	return (long long)wait;
+}
 
 static long long px_ns(void)
 {
@@ -306,7 +330,9 @@ static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, in
 
 	*conn = *fd = *tfd = -1;
 	px_t_asked = px_ns();
+	px_q_asked = px_runq_ns();
 	px_t_read = 0;
+	px_q_read = -1;
 	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (s < 0) {
 		snprintf(why, whylen, "socket: %s", strerror(errno));
@@ -344,6 +370,7 @@ static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, in
 		return PX_REFUSED;	/* a daemon that does not answer in time is busy: ask it less often */
 	}
 	px_t_read = px_ns();
+	px_q_read = px_runq_ns();
 	ret = PX_REFUSED;
 	/* the contract: the reply is one JSON object whose first member is "ok" */
 	if (fds[1] >= 0 && !px_is_tunnel_socket(fds[1]))
@@ -390,12 +417,17 @@ static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, in
  * The times are for its log only (a daemon before them ignores them). */
 static int px_ack(int s, char *why, size_t whylen)
 {
-	char line[128];
+	char line[192];
 	int n;
 	ssize_t w;
 
-	n = snprintf(line, sizeof(line), "{\"op\": \"ack\", \"asked_ns\": %lld, \"read_ns\": %lld, \"ack_ns\": %lld}\n",
-		     px_t_asked, px_t_read, px_ns());
+	if (px_q_asked >= 0 && px_q_read >= px_q_asked)
+		n = snprintf(line, sizeof(line),
+			     "{\"op\": \"ack\", \"asked_ns\": %lld, \"read_ns\": %lld, \"ack_ns\": %lld, \"cpu_wait_ns\": %lld}\n",
+			     px_t_asked, px_t_read, px_ns(), px_q_read - px_q_asked);
+	else
+		n = snprintf(line, sizeof(line), "{\"op\": \"ack\", \"asked_ns\": %lld, \"read_ns\": %lld, \"ack_ns\": %lld}\n",
+			     px_t_asked, px_t_read, px_ns());
 	if (n <= 0 || (size_t)n >= sizeof(line))
 		errno = EMSGSIZE;
 	else if ((w = send(s, line, n, MSG_NOSIGNAL)) == n)

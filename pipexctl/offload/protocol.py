@@ -145,3 +145,12 @@ def ack_stamps(ack: dict[str, object], sent_ns: int, got_ns: int) -> Optional[tu
     if not (0 < asked <= sent_ns <= read <= acked <= got_ns):
         return None
     return asked, read, acked
+
+
+def ack_cpu_wait(ack: dict[str, object], asked: int, read: int) -> Optional[int]:
+    """The ns the plugin's thread spent runnable, waiting for a CPU, between
+    its ask and its reading of our reply (the kernel's schedstat, in the ack
+    since plugin 2026-12-07), when it fits inside that span; else None.
+    Logged only, like the stamps."""
+    wait = ack.get("cpu_wait_ns")
+    return wait if type(wait) is int and 0 <= wait <= read - asked else None

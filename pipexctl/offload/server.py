@@ -41,7 +41,18 @@ from ..kernel.backend import KernelBackend
 from . import malloc, paths, reconcile, sdnotify
 from .datapath import DataPath
 from .links import Links
-from .protocol import ACK_TIMEOUT, MAX_REQUEST, VERSION, Request, ack_stamps, ok_reply, parse_ack, parse_request, reply
+from .protocol import (
+    ACK_TIMEOUT,
+    MAX_REQUEST,
+    VERSION,
+    Request,
+    ack_cpu_wait,
+    ack_stamps,
+    ok_reply,
+    parse_ack,
+    parse_request,
+    reply,
+)
 from .ptys import call_key
 from .service import OffloadService
 from .watch import CallWatch, FdEvent
@@ -92,14 +103,16 @@ REFUSALS = {
 def _as_pppd_saw(ns: dict[str, int], clock: dict[str, int]) -> str:
     """The offload's log line's tail: the request as its pppd timed it (from
     the start of its ask to its reading of the reply), the hand-off split between
-    pppd's scheduling and ours, and what came before our own clock began
+    pppd's scheduling and ours, how long pppd was runnable and waiting for a
+    CPU in that span (a plugin that sends it), and what came before our own clock began
     (``clock``: when we accepted the request, its thread began, it was read,
     the requester proven); empty for a plugin that sent no stamps."""
     if not ns or 0 < clock.get("accepted", 0) < ns["asked"]:  # none, or an ask begun after we accepted it
         return ""
     ms = {k: v / 1e6 for k, v in ns.items()}
-    tail = ("; as pppd saw it %.0f ms (ms: its wake for our reply %.0f, its checks %.0f, our read of its ack %.0f)"
-            % (ms["waited"], ms["woke"], ms["checked"], ms["ack_read"]))
+    tail = ("; as pppd saw it %.0f ms (ms: its wake for our reply %.0f, its checks %.0f, our read of its ack %.0f%s)"
+            % (ms["waited"], ms["woke"], ms["checked"], ms["ack_read"],
+               ", its own wait for a CPU %.0f" % ms["cpu_wait"] if "cpu_wait" in ms else ""))
     steps = [ns["asked"]] + [clock.get(k, 0) for k in ("accepted", "begun", "read", "proven")]
     if all(a <= b for a, b in zip(steps, steps[1:])):  # 0: a step not timed
         d = [(b - a) / 1e6 for a, b in zip(steps, steps[1:])]
@@ -547,6 +560,8 @@ class OffloadServer:
                     asked, read, acked = stamps
                     seen_by_pppd.update(asked=asked, waited=read - asked, woke=read - sent, checked=acked - read,
                                         ack_read=got - acked)
+                    if (cpu_wait := ack_cpu_wait(ack, asked, read)) is not None:
+                        seen_by_pppd["cpu_wait"] = cpu_wait
             if move:  # kept from here on: the plugin swaps its channel only after this line
                 svc.failpoint("move-acked")
                 self._reply(conn, {"ok": True, "committed": True})

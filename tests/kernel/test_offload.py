@@ -111,8 +111,10 @@ def test_offload_both_sides(lab):
     assert ok, out
     assert "pipexctl: kernel channel for tunnel" in (lab.lns.dir / "pppd.log").read_text()
     # the plugin's ack carried its CLOCK_MONOTONIC stamps, and they fit between
-    # the daemon's reply and its read of the ack (one clock in the machine)
-    stamped = re.compile(r"offloaded in \d+ ms \(.*hand-off \d+\); as pppd saw it \d+ ms \(ms: its wake")
+    # the daemon's reply and its read of the ack (one clock in the machine),
+    # and its thread's wait for a CPU in that span, from the kernel's schedstat
+    stamped = re.compile(r"offloaded in \d+ ms \(.*hand-off \d+\); as pppd saw it \d+ ms \(ms: its wake .*, "
+                         r"its own wait for a CPU \d+\)")
     wait_until(lambda: stamped.search((lab.lns.dir / "serve.log").read_text()), "the offload's line with pppd's stamps",
                timeout=10, detail=lambda: (lab.lns.dir / "serve.log").read_text()[-3000:])
     before_x = status_lns_bytes(lab)

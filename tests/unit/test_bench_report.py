@@ -190,8 +190,8 @@ def _module(name):
 
 
 def _offload_line(at, total, line_wait, pppd=None, before=None):
-    tail = ("; as pppd saw it %d ms (ms: its wake for our reply %d, its checks %d, our read of its ack %d)" % pppd
-            if pppd else "")
+    tail = ("; as pppd saw it %d ms (ms: its wake for our reply %d, its checks %d, our read of its ack %d%s)"
+            % (*pppd[:4], ", its own wait for a CPU %d" % pppd[4] if len(pppd) > 4 else "") if pppd else "")
     tail += ("; before our clock %d ms (ms: until our accept %d, its thread %d, the request read %d, "
              "its pppd proven %d)" % before if before else "")
     return (f"{at} pipexctl serve: call 1 (tunnel 2) of pppd 3 offloaded in {total} ms (ms: discovery {line_wait + 1}, "
@@ -219,7 +219,7 @@ def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tm
     # 20 requests: one waited 300 ms for its line while a 1.5 s full poll ran, one 200 ms outside any poll
     log = "2026-12-06T10:00:00.000 pipexctl serve: serving on /run/x\n"
     log += "2026-12-06T10:00:11.500 pipexctl serve: slow discovery poll: 1500 ms, 300 ms of CPU (full=True; ms: scan 1)\n"
-    log += _offload_line("2026-12-06T10:00:10.800", 400, 300, (450, 80, 2, 1),  # a plugin that stamps its ack
+    log += _offload_line("2026-12-06T10:00:10.800", 400, 300, (450, 80, 2, 1, 300),  # a plugin that stamps its ack
                          (130, 100, 10, 5, 15))
     log += _offload_line("2026-12-06T10:00:20.500", 250, 200)
     # a poll that is not full, and one that ended just before the next request's wait began: neither counts
@@ -251,6 +251,9 @@ def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tm
     assert c["less_pppds_wake_and_checks_p50_p90_p99_ms"] == [166, 288, 315]
     s5 = c["slowest_5_percent_of_stamped_mean_ms"]
     assert (s5["request"], s5["hand-off"], s5["as pppd saw it"], s5["its wake for our reply"]) == (400, 93, 450, 80)
+    # pppd's own wait for a CPU, sent by one of them: 300 of its 450 ms
+    assert c["pppds_own_cpu_wait_p50_p90_p99_ms"] == [300, 300, 300]
+    assert c["as_pppd_saw_less_its_cpu_wait_p50_p90_p99_ms"] == [150, 150, 150]
     # the steps before the daemon's clock, logged for one of them
     assert c["before_our_clock_p50_p90_p99_ms"] == [130, 130, 130]
     s5 = c["slowest_5_percent_as_pppd_saw_mean_ms"]

@@ -17,7 +17,16 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from pipexctl.discovery.discovery import Discovery
 from pipexctl.kernel.backend import NullBackend
 from pipexctl.offload.datapath import NullDataPath
-from pipexctl.offload.protocol import MAX_REQUEST, OPS, Request, ack_stamps, parse_ack, parse_request, reply
+from pipexctl.offload.protocol import (
+    MAX_REQUEST,
+    OPS,
+    Request,
+    ack_cpu_wait,
+    ack_stamps,
+    parse_ack,
+    parse_request,
+    reply,
+)
 from pipexctl.offload.server import OffloadServer
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -79,6 +88,12 @@ def test_the_contract_the_c_plugin_reads():
     line = (fmt.replace('\\"', '"').replace("\\n", "").replace("%lld", "%d") % (100, 250, 260)).encode()
     ack = parse_ack(line)
     assert ack is not None and ack_stamps(ack, 200, 300) == (100, 250, 260)
+    # with pppd's own wait for a CPU (schedstat), when the plugin could read it
+    fmt = fmt[:-len('}\\n')] + ', \\"cpu_wait_ns\\": %lld}\\n'
+    assert f'"{fmt}"' in src, fmt
+    line = (fmt.replace('\\"', '"').replace("\\n", "").replace("%lld", "%d") % (100, 250, 260, 40)).encode()
+    ack = parse_ack(line)
+    assert ack is not None and ack_stamps(ack, 200, 300) == (100, 250, 260) and ack_cpu_wait(ack, 100, 250) == 40
     # a move's commit line, and a refusal for good, as the plugin compares them
     commit = reply(True, committed=True)
     assert '"{\\"ok\\": true, \\"committed\\": true", 30' in src and len(b'{"ok": true, "committed": true') == 30
@@ -155,3 +170,12 @@ def test_ack_stamps_are_taken_only_when_they_fit_between_our_send_and_our_read()
                 {**ok, "read_ns": True},
                 {**ok, "read_ns": "250"}):
         assert ack_stamps(bad, 200, 300) is None, bad
+
+
+def test_pppds_wait_for_a_cpu_is_taken_only_within_its_ask():
+    # asked at 100, read at 250: a wait of 0 to 150 ns fits; more, a negative, or no int is not taken
+    assert ack_cpu_wait({"op": "ack", "cpu_wait_ns": 0}, 100, 250) == 0
+    assert ack_cpu_wait({"op": "ack", "cpu_wait_ns": 150}, 100, 250) == 150
+    assert ack_cpu_wait({"op": "ack"}, 100, 250) is None  # a plugin before it
+    for bad in (151, -1, 1.0, True, "5", None):
+        assert ack_cpu_wait({"op": "ack", "cpu_wait_ns": bad}, 100, 250) is None, bad

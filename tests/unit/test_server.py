@@ -301,7 +301,7 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
     caplog.set_level(logging.INFO, logger="pipexctl.serve")
     srv, t = _move_server(tmp_path, monkeypatch)
     tail = re.compile(r"; as pppd saw it (\d+) ms \(ms: its wake for our reply (\d+), its checks (\d+), "
-                      r"our read of its ack (\d+)\)")
+                      r"our read of its ack (\d+)(?:, its own wait for a CPU (\d+))?\)")
     before = re.compile(r"; before our clock (\d+) ms \(ms: until our accept (\d+), its thread (\d+), "
                         r"the request read (\d+), its pppd proven (\d+)\)$")
 
@@ -330,7 +330,8 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
         line = move(stamped)
         m = tail.search(line)
         assert m, line
-        waited, woke, checked, ack_read = map(int, m.groups())
+        assert m.group(5) is None  # no cpu_wait_ns in this ack
+        waited, woke, checked, ack_read = map(int, m.groups()[:4])
         assert 50 <= checked < 1000 and waited >= woke and ack_read < 1000
         hand_off = int(re.search(r"hand-off (\d+)\)", line).group(1))
         assert hand_off + 2 >= woke + checked + ack_read  # parts of the hand-off (each rounded)
@@ -341,6 +342,17 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
         request = int(re.search(r"in (\d+) ms \(ms:", line).group(1))
         # pppd's wait = before our clock + our request - its checks - our read of its ack (each rounded)
         assert abs(waited - (pre + request - checked - ack_read)) <= 4, line
+        # pppd's own wait for a CPU (schedstat) within its ask: logged; one longer than the ask is not
+        for over in (False, True):
+            sent: list[int] = []
+
+            def with_wait(asked: int, read: int) -> bytes:
+                sent.append(read - asked + 1 if over else read - asked)
+                return b'{"op": "ack", "asked_ns": %d, "read_ns": %d, "ack_ns": %d, "cpu_wait_ns": %d}\n' % (
+                    asked, read, time.monotonic_ns(), sent[0])
+
+            m = tail.search(move(with_wait))
+            assert m and m.group(5) == (None if over else "%.0f" % (sent[0] / 1e6)), (over, sent, m and m.group(0))
         assert tail.search(move(lambda asked, read: b'{"op": "ack"}\n')) is None
         assert tail.search(move(lambda asked, read: b'{"op": "ack", "asked_ns": 1, "read_ns": 1, "ack_ns": 1}\n')) is None
         # an ask said to have begun after the daemon accepted it: no tail at all

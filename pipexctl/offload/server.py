@@ -56,6 +56,7 @@ from .protocol import (
 from .ptys import call_key
 from .service import OffloadService
 from .watch import CallWatch, FdEvent
+from .workers import Workers
 
 log = logging.getLogger("pipexctl.serve")
 
@@ -154,6 +155,7 @@ class OffloadServer:
         self.links = Links()  # the plugins' control links, by pppd pid
         self._watchdog, self._pinged = sdnotify.watchdog_interval(), 0.0
         self._trimmer = malloc.Trimmer()
+        self._workers = Workers(self._handle)  # started ahead: the accept loop never waits for a thread
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -195,6 +197,7 @@ class OffloadServer:
                                  "tick": self._tick, "exits": svc.exits, "busy": svc.busy}).start()
         log.info("serving on %s%s", self.socket_path, " (socket from systemd)" if self.activated else "")
         sdnotify.notify("READY=1", f"STATUS=serving; {self._summary()}")
+        self._workers.start()
         sel = selectors.DefaultSelector()
         sel.register(srv, selectors.EVENT_READ)
         sel.register(self.stop, selectors.EVENT_READ)
@@ -217,9 +220,10 @@ class OffloadServer:
                         log.warning("cannot accept a request: %s (raise LimitNOFILE); retrying", e.strerror)
                     self.stop.wait(0.5)
                     continue
-                threading.Thread(target=self._handle, args=(conn, time.monotonic_ns()), daemon=True).start()
+                self._workers.submit(conn, time.monotonic_ns())
         finally:
             sdnotify.notify("STOPPING=1")
+            self._workers.stop()
             sel.close()
             srv.close()
             if self.activated is None:  # systemd's socket stays: pppds queue there until the next start

@@ -24,6 +24,8 @@ CODE-CASE-K-N-lns-{serve,xl2tpd,pppd}.log.gz.
   where it also says how long pppd was runnable and waiting for a CPU
   inside its ask (the plugin's schedstat, since 2026-12-07: ", its own
   wait for a CPU N"), that wait's percentiles and those of the ask less it;
+  where it says when the accept loop woke for the request and how long
+  it waited for a CPU (since 2026-12-07), their percentiles;
   where the line also says what came before the daemon's clock (since
   f708219: "; before our clock ..."), its percentiles and the slowest 5 %
   by pppd's own time, split into those steps.
@@ -58,6 +60,8 @@ PPPD_PARTS = ("as pppd saw it", "its wake for our reply", "its checks", "our rea
 BEFORE = re.compile(r"; before our clock (\d+) ms \(ms: until our accept (\d+), its thread (\d+), "
                     r"the request read (\d+), its pppd proven (\d+)\)")
 BEFORE_PARTS = ("before our clock", "until our accept", "its thread", "the request read", "its pppd proven")
+# the accept loop's share of "until our accept" (since 2026-12-07)
+LOOP = re.compile(r"; our accept loop woke (\d+) ms after the ask, having waited (\d+) ms for a CPU")
 FULL_POLL = re.compile(r"slow discovery poll: (\d+) ms, .*full=True")
 
 
@@ -108,6 +112,8 @@ def serve_log(path: Path) -> tuple[list[Offload], list[tuple[float, float]]]:
                 pppd, before = AS_PPPD.search(line, m.end()), BEFORE.search(line, m.end())
                 seen = tuple(int(x) for x in pppd.groups()[:4] + (before.groups() if before else ())) if pppd else None
                 cpu_wait = int(pppd.group(5)) if pppd and pppd.group(5) else None
+                if seen and before and (lp := LOOP.search(line, before.end())):
+                    seen += (int(lp.group(1)), int(lp.group(2)))
                 offloads.append((t - parts[0] / 1000, parts, seen, cpu_wait))
             elif m := FULL_POLL.search(line):
                 polls.append((t - int(m.group(1)) / 1000, t))
@@ -213,6 +219,15 @@ def table(d: Path) -> dict:
             if timed:
                 c.update({"before_our_clock_p50_p90_p99_ms": pcts([q[len(PPPD_PARTS)] for q in timed]),
                           "slowest_5_percent_as_pppd_saw_mean_ms": means(slowest(timed), PPPD_PARTS + BEFORE_PARTS)})
+            n = len(PPPD_PARTS) + len(BEFORE_PARTS)
+            looped = [q for _, q in stamped if len(q) > n]  # the accept loop's wake logged
+            if looped:
+                until = len(PPPD_PARTS) + 1
+                c.update({"until_our_accept_p50_p90_p99_ms": pcts([q[until] for q in looped]),
+                          "accept_loop_woke_p50_p90_p99_ms": pcts([q[n] for q in looped]),
+                          "accept_loop_cpu_wait_p50_p90_p99_ms": pcts([q[n + 1] for q in looped]),
+                          # the loop's wake less its wait for a CPU: mostly its wait for the interpreter's lock
+                          "accept_loop_woke_less_cpu_wait_p50_p90_p99_ms": pcts([q[n] - q[n + 1] for q in looped])})
     return out
 
 

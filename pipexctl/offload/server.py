@@ -119,7 +119,36 @@ def _as_pppd_saw(ns: dict[str, int], clock: dict[str, int]) -> str:
         d = [(b - a) / 1e6 for a, b in zip(steps, steps[1:])]
         tail += ("; before our clock %.0f ms (ms: until our accept %.0f, its thread %.0f, the request read %.0f, "
                  "its pppd proven %.0f)" % (sum(d), *d))
+        woke, cpu_wait = clock.get("woke", 0), clock.get("loop_cpu_wait", -1)
+        if ns["asked"] <= woke <= clock["accepted"] and cpu_wait >= 0:
+            # the accept loop's part of "until our accept": from its wake to the accept, and its wait for a CPU
+            tail += ("; our accept loop woke %.0f ms after the ask, having waited %.0f ms for a CPU"
+                     % ((woke - ns["asked"]) / 1e6, cpu_wait / 1e6))
     return tail
+
+
+class _RunqClock:
+    """The calling thread's time runnable and waiting for a CPU (ns, the
+    kernel's schedstat), read through one fd kept open (-1: not known)."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = -1
+
+    def ns(self) -> int:
+        if self._fd < 0:
+            return -1
+        try:
+            return int(os.pread(self._fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return -1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _ttyname(fd: Optional[int]) -> Optional[str]:
@@ -204,9 +233,14 @@ class OffloadServer:
         sel.register(srv, selectors.EVENT_READ)
         sel.register(self.stop, selectors.EVENT_READ)
         warned = float("-inf")  # monotonic() may be under 60 s just after boot
+        runq = _RunqClock()  # this thread's wait for a CPU, for the offload's log line
         try:
             while not self.stop.is_set():
-                if not any(k.fileobj is srv for k, _ in sel.select()):
+                waited = runq.ns()
+                keys = sel.select()
+                # when the loop ran again (the interpreter's lock taken back), and its wait for a CPU meanwhile
+                woke, waited = time.monotonic_ns(), runq.ns() - waited
+                if not any(k.fileobj is srv for k, _ in keys):
                     continue
                 try:
                     conn, _ = srv.accept()
@@ -222,10 +256,11 @@ class OffloadServer:
                         log.warning("cannot accept a request: %s (raise LimitNOFILE); retrying", e.strerror)
                     self.stop.wait(0.5)
                     continue
-                self._workers.submit(conn, time.monotonic_ns())
+                self._workers.submit(conn, {"accepted": time.monotonic_ns(), "woke": woke, "loop_cpu_wait": waited})
         finally:
             sdnotify.notify("STOPPING=1")
             self._workers.stop()
+            runq.close()
             sel.close()
             srv.close()
             if self.activated is None:  # systemd's socket stays: pppds queue there until the next start
@@ -268,9 +303,9 @@ class OffloadServer:
             sdnotify.notify("READY=1", f"STATUS=serving; {self._summary()}")
 
     # ---------------------------------------------------------- requests
-    def _handle(self, conn: socket.socket, accepted: int = 0) -> None:
-        # when the request was accepted and its thread began (ns), for the offload's log line
-        clock = {"accepted": accepted, "begun": time.monotonic_ns()}
+    def _handle(self, conn: socket.socket, clock: Optional[dict[str, int]] = None) -> None:
+        # when the accept loop woke for the request, accepted it, and its thread began (ns), for the offload's log line
+        clock = {**(clock or {}), "begun": time.monotonic_ns()}
         fds: list[int] = []
         kept = False  # a plugin's control link: the connection stays open
         try:

@@ -189,11 +189,12 @@ def _module(name):
     return mod
 
 
-def _offload_line(at, total, line_wait, pppd=None, before=None):
+def _offload_line(at, total, line_wait, pppd=None, before=None, loop=None):
     tail = ("; as pppd saw it %d ms (ms: its wake for our reply %d, its checks %d, our read of its ack %d%s)"
             % (*pppd[:4], ", its own wait for a CPU %d" % pppd[4] if len(pppd) > 4 else "") if pppd else "")
     tail += ("; before our clock %d ms (ms: until our accept %d, its thread %d, the request read %d, "
              "its pppd proven %d)" % before if before else "")
+    tail += "; our accept loop woke %d ms after the ask, having waited %d ms for a CPU" % loop if loop else ""
     return (f"{at} pipexctl serve: call 1 (tunnel 2) of pppd 3 offloaded in {total} ms (ms: discovery {line_wait + 1}, "
             f"of it the call's line {line_wait}, lock 0, kernel 5, of it on a CPU 3 and waiting for one 2, state file 1, "
             f"hand-off {total - line_wait - 7}){tail}\n")
@@ -220,7 +221,7 @@ def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tm
     log = "2026-12-06T10:00:00.000 pipexctl serve: serving on /run/x\n"
     log += "2026-12-06T10:00:11.500 pipexctl serve: slow discovery poll: 1500 ms, 300 ms of CPU (full=True; ms: scan 1)\n"
     log += _offload_line("2026-12-06T10:00:10.800", 400, 300, (450, 80, 2, 1, 300),  # a plugin that stamps its ack
-                         (130, 100, 10, 5, 15))
+                         (130, 100, 10, 5, 15), (90, 20))
     log += _offload_line("2026-12-06T10:00:20.500", 250, 200)
     # a poll that is not full, and one that ended just before the next request's wait began: neither counts
     log += "2026-12-06T10:00:21.000 pipexctl serve: slow discovery poll: 3000 ms, 1 ms of CPU (full=False; ms: logs 1)\n"
@@ -259,5 +260,10 @@ def test_storm_records_are_kept_and_read_back_into_the_figures_the_docs_quote(tm
     s5 = c["slowest_5_percent_as_pppd_saw_mean_ms"]
     assert (s5["as pppd saw it"], s5["before our clock"], s5["until our accept"], s5["its pppd proven"]) == \
         (450, 130, 100, 15)
+    # the accept loop's wake, logged for that one: 90 ms of its 100 until the accept, 20 of them waiting for a CPU
+    assert c["until_our_accept_p50_p90_p99_ms"] == [100, 100, 100]
+    assert c["accept_loop_woke_p50_p90_p99_ms"] == [90, 90, 90]
+    assert c["accept_loop_cpu_wait_p50_p90_p99_ms"] == [20, 20, 20]
+    assert c["accept_loop_woke_less_cpu_wait_p50_p90_p99_ms"] == [70, 70, 70]
     assert list(t["codes"]) == ["b K=153"]  # kernel mode has no daemon
     assert "ratio=1.2" in sr.render(dst, t)

@@ -303,7 +303,8 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
     tail = re.compile(r"; as pppd saw it (\d+) ms \(ms: its wake for our reply (\d+), its checks (\d+), "
                       r"our read of its ack (\d+)(?:, its own wait for a CPU (\d+))?\)")
     before = re.compile(r"; before our clock (\d+) ms \(ms: until our accept (\d+), its thread (\d+), "
-                        r"the request read (\d+), its pppd proven (\d+)\)$")
+                        r"the request read (\d+), its pppd proven (\d+)\)")
+    loop = re.compile(r"; our accept loop woke (\d+) ms after the ask, having waited (\d+) ms for a CPU$")
 
     def move(ack) -> str:
         caplog.clear()
@@ -342,6 +343,9 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
         request = int(re.search(r"in (\d+) ms \(ms:", line).group(1))
         # pppd's wait = before our clock + our request - its checks - our read of its ack (each rounded)
         assert abs(waited - (pre + request - checked - ack_read)) <= 4, line
+        # the accept loop's wake, within the wait until our accept, and its wait for a CPU (schedstat: 0 or more)
+        lp = loop.search(line)
+        assert lp and int(lp.group(1)) <= int(b.group(2)) + 1 and int(lp.group(2)) >= 0, line
         # pppd's own wait for a CPU (schedstat) within its ask: logged; one longer than the ask is not
         for over in (False, True):
             sent: list[int] = []
@@ -361,6 +365,11 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
         seen = {"asked": 10, "waited": 5, "woke": 1, "checked": 1, "ack_read": 1}
         assert _as_pppd_saw(seen, {"accepted": 9}) == ""
         assert tail.search(_as_pppd_saw(seen, {"accepted": 11})) and not before.search(_as_pppd_saw(seen, {}))
+        # a wake before the ask (the loop woke for something else), or no schedstat: no accept-loop tail
+        steps = {"accepted": 11, "begun": 12, "read": 13, "proven": 14}
+        assert loop.search(_as_pppd_saw(seen, {**steps, "woke": 10, "loop_cpu_wait": 0}))
+        assert not loop.search(_as_pppd_saw(seen, {**steps, "woke": 9, "loop_cpu_wait": 0}))
+        assert not loop.search(_as_pppd_saw(seen, {**steps, "woke": 10, "loop_cpu_wait": -1}))
     finally:
         srv.stop.set()
         t.join(10)

@@ -38,7 +38,7 @@ from ..discovery import control, procscan
 from ..discovery.discovery import Discovery
 from ..discovery.state import Event
 from ..kernel.backend import KernelBackend
-from . import malloc, paths, reconcile, sdnotify
+from . import gcpause, malloc, paths, reconcile, sdnotify
 from .datapath import DataPath
 from .links import Links
 from .protocol import (
@@ -187,6 +187,7 @@ class OffloadServer:
         # the daemon's peaks are a full poll and a metrics snapshot: each starts from a trimmed heap
         self.watch.release_heap = self.service.release_heap = malloc.trim
         self._workers = Workers(self._handle)  # started ahead: the accept loop never waits for a thread
+        self._pauses = gcpause.Pauses()  # the collector's long pauses, logged from the watcher's round
 
     # ---------------------------------------------------------- lifecycle
     def _listen(self) -> socket.socket:
@@ -211,6 +212,7 @@ class OffloadServer:
         # refused before anything is made: never a socket or state file where others can write
         paths.private_dir(os.path.dirname(self.socket_path), "socket")
         paths.private_dir(os.path.dirname(svc.state_path), "state")
+        self._pauses.install()
         base = control.reply_base()
         if base and (n := control.remove_stale_reply_dirs(base)):
             log.info("removed %d control-pipe reply directories left by a daemon that was killed", n)
@@ -274,6 +276,7 @@ class OffloadServer:
                 log.exception("cannot save the discovery checkpoint")
             self.links.close()
             svc.shutdown()
+            self._pauses.uninstall()
 
     def _summary(self) -> str:
         svc = self.service
@@ -288,6 +291,9 @@ class OffloadServer:
         self.links.prune()
         now = time.monotonic()
         self._trimmer.maybe()  # what a burst of requests or a report let go goes back to the kernel
+        for gen, took, collected in self._pauses.take():
+            log.info("garbage collection paused the daemon %.0f ms (generation %d, %d objects collected)",
+                     took * 1000, gen, collected)
         if self._watchdog is not None and now - self._pinged >= self._watchdog:
             self._pinged = now
             sdnotify.notify("WATCHDOG=1", f"STATUS=serving; {self._summary()}")

@@ -33,7 +33,7 @@ LAYERS = [
                          "pipexctl.offload.endings")),
     ("interfaces", ("pipexctl.offload.server", "pipexctl.offload.protocol", "pipexctl.offload.links",
                     "pipexctl.offload.sdnotify", "pipexctl.offload.journal", "pipexctl.offload.malloc",
-                    "pipexctl.offload.workers",
+                    "pipexctl.offload.workers", "pipexctl.offload.gcpause",
                     "pipexctl.offload.metrics",
                     "pipexctl.offload.client", "pipexctl.offload.setupcheck",
                     "pipexctl.cli", "pipexctl.entry", "pipexctl.__main__")),

@@ -23,9 +23,8 @@ and the p50/p99 of the last STEP offloads; at the end, the time of one
 `status` and one `metrics` report, then the drop of every tunnel and what
 is left (sessions, fds).  The drops run with /sys/kernel/rcu_expedited=1
 (bench/controlplane.py says why).  --trim-every gives freed heap back
-to the kernel as serve does (malloc_trim after the first read, every
-10 s, and, with code that has the hooks, before each full poll and
-metrics snapshot); 0 measures the heap as it was before serve did.  --polls adds
+to the kernel as serve does (malloc_trim after the first read and every
+10 s); 0 measures the heap as it was before serve did.  --polls adds
 serve's full polls (a /proc scan of the N pppds, the farm standing for
 their xl2tpd, and a kernel dump of the N sessions) after the first read,
 at each step and at rest: without it the figures are those of a daemon
@@ -231,8 +230,6 @@ def main() -> int:
     backend = NetlinkBackend()
     dp = KernelDataPath()
     svc = OffloadService(watch, backend, dp, state_path=os.path.join(d, "state.json"))
-    if a.trim_every:  # as serve does: a full poll and a metrics snapshot start from a trimmed heap (code that has
-        watch.release_heap = svc.release_heap = malloc.trim  # the hooks calls them; older code never reads them)
     exporter = prom.start(svc, f"127.0.0.1:{free_port()}") if a.metrics else None
     rec["service"] = rss_mib()
 

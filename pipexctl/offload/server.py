@@ -184,8 +184,6 @@ class OffloadServer:
         self.links = Links()  # the plugins' control links, by pppd pid
         self._watchdog, self._pinged = sdnotify.watchdog_interval(), 0.0
         self._trimmer = malloc.Trimmer()
-        # the daemon's peaks are a full poll and a metrics snapshot: each starts from a trimmed heap
-        self.watch.release_heap = self.service.release_heap = malloc.trim
         self._workers = Workers(self._handle)  # started ahead: the accept loop never waits for a thread
         self._pauses = gcpause.Pauses()  # the collector's long pauses, logged from the watcher's round
 

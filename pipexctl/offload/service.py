@@ -258,9 +258,6 @@ class OffloadService(Endings):
         self.metrics_lock = threading.Lock()
         self.failpoints = _failpoints()
         self._write_warned = float("-inf")
-        # called before a metrics snapshot (serve: malloc_trim), so its peak
-        # starts from a heap that has given back what earlier requests freed
-        self.release_heap: Callable[[], object] = lambda: None
 
     def failpoint(self, name: str) -> None:
         if name in self.failpoints:
@@ -613,5 +610,4 @@ class OffloadService(Endings):
         return report.status_chunks(self)
 
     def metrics(self) -> dict[str, Any]:
-        self.release_heap()
         return report.metrics(self)

@@ -155,9 +155,6 @@ class CallWatch:
         self.checkpoint_path = checkpoint_path
         self._saved_at = (time.monotonic(), -1)  # when, and after how many lines read
         self._saving = threading.Lock()  # the stop's save and a periodic one share the temp file
-        # called before a full poll (serve: malloc_trim), so the poll's peak
-        # starts from a heap that has given back what a burst of requests freed
-        self.release_heap: Callable[[], object] = lambda: None
 
     def first_read(self) -> None:
         """The start's read of every source (the state is reconciled as a
@@ -597,8 +594,6 @@ class CallWatch:
         return ev
 
     def _poll(self, full: bool, handle: Callable[[list[Event]], None]) -> None:
-        if full:
-            _survive(self.release_heap)
         t, cpu0 = time.monotonic(), time.thread_time()
         scanned = None
         if full and self.discovery.proc:

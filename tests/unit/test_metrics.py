@@ -358,18 +358,3 @@ def test_a_snapshot_that_fails_is_logged_and_the_next_scrape_is_answered(caplog)
         assert "metrics scrape failed" in caplog.text
     finally:
         ex.shutdown()
-
-
-def test_a_snapshot_starts_from_a_trimmed_heap_in_serve(srv, monkeypatch):
-    """A metrics snapshot is one of serve's peaks: serve hands malloc_trim in
-    (server.py), and the service calls it before it reads the report; a full
-    poll is the other (test_watch.py)."""
-    from pipexctl.offload import malloc, report
-
-    assert srv.service.release_heap is malloc.trim and srv.watch.release_heap is malloc.trim
-    order: list[str] = []
-    real = report.metrics
-    monkeypatch.setattr(report, "metrics", lambda svc: (order.append("report"), real(svc))[1])
-    srv.service.release_heap = lambda: order.append("release")
-    metrics.ServeCollector(srv.service).scrape()
-    assert order == ["release", "report"]

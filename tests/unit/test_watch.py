@@ -274,26 +274,3 @@ def test_a_scan_that_fails_is_logged_and_the_watcher_goes_on(tmp_path, monkeypat
     w._poll(True, lambda ev: None)
     assert len(calls) == 2 and "proc" in d.poll_seconds
     d.close()
-
-
-def test_a_full_poll_gives_freed_heap_back_before_it_scans_and_a_quick_one_does_not(tmp_path, monkeypatch):
-    """serve's peaks are its full polls: the heap is trimmed (serve hands
-    malloc_trim in) before the /proc scan begins, so what a burst of requests
-    freed is not still resident under the poll's own peak."""
-    from pipexctl.discovery import procscan
-
-    log = tmp_path / "xl2tpd.log"
-    log.write_text("")
-    w = CallWatch(Discovery([str(log)], proc=True, kernel=False), reconcile_interval=3600)
-    order: list[str] = []
-    real = procscan.scan
-    monkeypatch.setattr(procscan, "scan", lambda **kw: (order.append("scan"), real(**kw))[1])
-    w.release_heap = lambda: order.append("release")
-    w._poll(True, lambda ev: None)
-    assert order == ["release", "scan"]
-    w._poll(False, lambda ev: None)
-    assert order == ["release", "scan"]
-    # a release that fails is logged and the poll goes on
-    w.release_heap = lambda: 1 / 0
-    w._poll(True, lambda ev: None)
-    assert order[-1] == "scan"

@@ -101,6 +101,8 @@ def one(k: int, gap_ms: float, busy_ms: float, every_ms: float) -> dict:
             t.join(10)
     ms = json.loads(out.stdout)
     ok = [x for x in ms if x is not None]
+    if not ok:
+        raise SystemExit(f"no request answered: {ms[:5]}")
     return {"k": k, "gap_ms": gap_ms, "busy_ms": busy_ms, "every_ms": every_ms, "answered": len(ok),
             "p50_ms": pct(ok, .5), "p90_ms": pct(ok, .9), "p99_ms": pct(ok, .99), "max_ms": round(max(ok), 1)}
 

@@ -369,8 +369,8 @@ static int px_ask(const char *op, int with_pty, int unit, int *conn, int *fd, in
 		close(s);
 		return PX_REFUSED;	/* a daemon that does not answer in time is busy: ask it less often */
 	}
+	px_q_read = px_runq_ns();	/* first: a wait after the read's stamp would not fit its span */
 	px_t_read = px_ns();
-	px_q_read = px_runq_ns();
 	ret = PX_REFUSED;
 	/* the contract: the reply is one JSON object whose first member is "ok" */
 	if (fds[1] >= 0 && !px_is_tunnel_socket(fds[1]))

@@ -20,9 +20,7 @@ class Pauses:
     def __init__(self) -> None:
         self._t0 = 0.0
         self._long: list[tuple[int, float, int]] = []  # (generation, seconds, objects collected)
-        self.dropped = 0  # long pauses not kept (more than KEEP in one round)
-        self.count = [0, 0, 0]  # collections by generation
-        self.seconds = [0.0, 0.0, 0.0]
+        self._dropped = 0  # long pauses not kept (more than KEEP in one round)
 
     def install(self) -> None:
         gc.callbacks.append(self._callback)
@@ -38,17 +36,17 @@ class Pauses:
         if phase == "start":
             self._t0 = time.perf_counter()
             return
-        took, g = time.perf_counter() - self._t0, info.get("generation", 2)
-        self.count[g] += 1
-        self.seconds[g] += took
+        took = time.perf_counter() - self._t0
         if took >= LONG:
             if len(self._long) < KEEP:
-                self._long.append((g, took, info.get("collected", 0)))
+                self._long.append((info.get("generation", 2), took, info.get("collected", 0)))
             else:
-                self.dropped += 1
+                self._dropped += 1
 
-    def take(self) -> list[tuple[int, float, int]]:
-        """The long pauses since the last call, oldest first (a callback that
-        appends meanwhile, in another thread, appends to the list returned)."""
+    def take(self) -> tuple[list[tuple[int, float, int]], int]:
+        """The long pauses since the last call, oldest first, and how many more
+        there were (a callback in another thread meanwhile may land in either
+        round or, at worst, be lost: they are only logged)."""
         long, self._long = self._long, []
-        return long
+        dropped, self._dropped = self._dropped, 0
+        return long, dropped

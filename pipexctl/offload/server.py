@@ -120,7 +120,7 @@ def _as_pppd_saw(ns: dict[str, int], clock: dict[str, int]) -> str:
         tail += ("; before our clock %.0f ms (ms: until our accept %.0f, its thread %.0f, the request read %.0f, "
                  "its pppd proven %.0f)" % (sum(d), *d))
         woke, cpu_wait = clock.get("woke", 0), clock.get("loop_cpu_wait", -1)
-        if ns["asked"] <= woke <= clock["accepted"] and cpu_wait >= 0:
+        if ns["asked"] <= woke <= clock["accepted"] and 0 <= cpu_wait <= woke - ns["asked"]:
             # the accept loop's part of "until our accept": from its wake to the accept, and its wait for a CPU
             tail += ("; our accept loop woke %.0f ms after the ask, having waited %.0f ms for a CPU"
                      % ((woke - ns["asked"]) / 1e6, cpu_wait / 1e6))
@@ -210,7 +210,6 @@ class OffloadServer:
         # refused before anything is made: never a socket or state file where others can write
         paths.private_dir(os.path.dirname(self.socket_path), "socket")
         paths.private_dir(os.path.dirname(svc.state_path), "state")
-        self._pauses.install()
         base = control.reply_base()
         if base and (n := control.remove_stale_reply_dirs(base)):
             log.info("removed %d control-pipe reply directories left by a daemon that was killed", n)
@@ -229,6 +228,7 @@ class OffloadServer:
         log.info("serving on %s%s", self.socket_path, " (socket from systemd)" if self.activated else "")
         sdnotify.notify("READY=1", f"STATUS=serving; {self._summary()}")
         self._workers.start()
+        self._pauses.install()
         sel = selectors.DefaultSelector()
         sel.register(srv, selectors.EVENT_READ)
         sel.register(self.stop, selectors.EVENT_READ)
@@ -236,10 +236,11 @@ class OffloadServer:
         runq = _RunqClock()  # this thread's wait for a CPU, for the offload's log line
         try:
             while not self.stop.is_set():
-                waited = runq.ns()
+                before = runq.ns()
                 keys = sel.select()
                 # when the loop ran again (the interpreter's lock taken back), and its wait for a CPU meanwhile
-                woke, waited = time.monotonic_ns(), runq.ns() - waited
+                woke, after = time.monotonic_ns(), runq.ns()
+                waited = after - before if before >= 0 and after >= 0 else -1
                 if not any(k.fileobj is srv for k, _ in keys):
                     continue
                 try:
@@ -258,6 +259,7 @@ class OffloadServer:
                     continue
                 self._workers.submit(conn, {"accepted": time.monotonic_ns(), "woke": woke, "loop_cpu_wait": waited})
         finally:
+            self._pauses.uninstall()
             sdnotify.notify("STOPPING=1")
             self._workers.stop()
             runq.close()
@@ -274,7 +276,6 @@ class OffloadServer:
                 log.exception("cannot save the discovery checkpoint")
             self.links.close()
             svc.shutdown()
-            self._pauses.uninstall()
 
     def _summary(self) -> str:
         svc = self.service
@@ -289,9 +290,12 @@ class OffloadServer:
         self.links.prune()
         now = time.monotonic()
         self._trimmer.maybe()  # what a burst of requests or a report let go goes back to the kernel
-        for gen, took, collected in self._pauses.take():
+        long, dropped = self._pauses.take()
+        for gen, took, collected in long:
             log.info("garbage collection paused the daemon %.0f ms (generation %d, %d objects collected)",
                      took * 1000, gen, collected)
+        if dropped:
+            log.info("garbage collection paused the daemon %d more times for 20 ms or more", dropped)
         if self._watchdog is not None and now - self._pinged >= self._watchdog:
             self._pinged = now
             sdnotify.notify("WATCHDOG=1", f"STATUS=serving; {self._summary()}")

@@ -24,12 +24,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Optional
 
 log = logging.getLogger("pipexctl.serve")
 
 SPARE = 8  # threads kept waiting: a burst of this many needs no start
 IDLE = 30.0  # seconds a thread beyond the spare ones waits for work before it ends
+RETRY = 0.5  # seconds between the starter's tries after a thread could not be started
 
 
 class Workers:
@@ -73,9 +75,12 @@ class Workers:
             return self._threads, self._ready
 
     def _start_more(self) -> None:
+        failed, warned = False, float("-inf")
         while True:
-            self._short.wait()
+            # after a failed start, look again soon: with no thread at all, no one else would wake us
+            self._short.wait(RETRY if failed else None)
             self._short.clear()
+            failed = False
             while True:
                 with self._lock:
                     if self._stopping or self._ready - self._jobs.qsize() >= self.spare:
@@ -84,11 +89,14 @@ class Workers:
                     self._threads += 1
                 try:
                     threading.Thread(target=self._work, name=self.name, daemon=True).start()
-                except RuntimeError:  # "can't start new thread": the jobs wait for one that ends
+                except RuntimeError:  # "can't start new thread": retried every RETRY s
                     with self._lock:
                         self._ready -= 1
                         self._threads -= 1
-                    log.warning("cannot start a request thread (out of memory or threads): requests wait")
+                    failed = True
+                    if time.monotonic() - warned >= 60:
+                        warned = time.monotonic()
+                        log.warning("cannot start a request thread (out of memory or threads): requests wait")
                     break
             with self._lock:
                 if self._stopping:
@@ -117,8 +125,15 @@ class Workers:
                 self._short.set()
             try:
                 self._run(*job)
-            except Exception:  # the handler logs its own; this is a bug in it: the thread serves on
-                log.exception("request thread: unexpected error")
-            finally:
+            except BaseException as e:
+                # the handler logs its own failures; this is a bug in it, which may have left
+                # the thread changed (a network namespace not restored): it ends, another is started
                 with self._lock:
-                    self._ready += 1
+                    self._threads -= 1
+                self._short.set()
+                if isinstance(e, Exception):
+                    log.exception("request thread: unexpected error (the thread ends)")
+                    return
+                raise
+            with self._lock:
+                self._ready += 1

@@ -370,6 +370,9 @@ def test_the_offloads_log_line_splits_the_hand_off_by_the_plugins_stamps(tmp_pat
         assert loop.search(_as_pppd_saw(seen, {**steps, "woke": 10, "loop_cpu_wait": 0}))
         assert not loop.search(_as_pppd_saw(seen, {**steps, "woke": 9, "loop_cpu_wait": 0}))
         assert not loop.search(_as_pppd_saw(seen, {**steps, "woke": 10, "loop_cpu_wait": -1}))
+        # a wait for a CPU longer than the span it is part of is not shown
+        assert loop.search(_as_pppd_saw(seen, {**steps, "woke": 11, "loop_cpu_wait": 1}))
+        assert not loop.search(_as_pppd_saw(seen, {**steps, "woke": 11, "loop_cpu_wait": 2}))
     finally:
         srv.stop.set()
         t.join(10)

@@ -85,7 +85,7 @@ def test_a_bursts_threads_end_once_idle_and_the_spare_stay(made) -> None:
     assert _until(lambda: w.counts() == (1, 1)), w.counts()
 
 
-def test_a_request_that_raises_leaves_its_thread_serving(made, caplog) -> None:
+def test_a_request_that_raises_ends_its_thread_and_another_serves(made, caplog) -> None:
     ran: list[str] = []
 
     def run(what: str) -> None:
@@ -98,7 +98,8 @@ def test_a_request_that_raises_leaves_its_thread_serving(made, caplog) -> None:
     w.submit("after")
     assert _until(lambda: ran == ["after"])
     assert "unexpected error" in caplog.text
-    # every thread counted is alive and waiting again: none died with the error
+    # the thread that raised may be left changed (a namespace not restored): it ended; every thread
+    # counted is alive and waiting, the spare one among them
     live = lambda: sum(t.name == "raiser" and t.is_alive() for t in threading.enumerate())  # noqa: E731
     assert _until(lambda: w.counts()[0] == w.counts()[1] == live() >= 1), (w.counts(), live())
 
@@ -119,3 +120,25 @@ def test_stop_ends_every_thread_once_its_request_is_done(made) -> None:
     release.set()
     assert _until(lambda: w.counts() == (0, 0)), w.counts()
     assert done == [1]
+
+
+def test_a_failed_start_is_retried_even_with_no_thread_to_wake_the_starter(made, monkeypatch) -> None:
+    # no thread could be started at first: a request that came meanwhile is served once starts work again
+    real = threading.Thread.start
+    fail = [True]
+
+    def start(self: threading.Thread) -> None:
+        if fail[0] and self.name == "flaky":
+            raise RuntimeError("can't start new thread")
+        real(self)
+
+    monkeypatch.setattr(workers_mod, "RETRY", 0.05)
+    monkeypatch.setattr(workers_mod.threading.Thread, "start", start)
+    ran: list[int] = []
+    w = made(ran.append, spare=1, name="flaky")
+    assert _until(lambda: w.counts() == (0, 0), 1)
+    w.submit(1)
+    time.sleep(0.2)
+    assert ran == []
+    fail[0] = False
+    assert _until(lambda: ran == [1]), (ran, w.counts())

@@ -772,7 +772,7 @@ def serve(app: AppContext, logs: tuple[str, ...], controls: tuple[str, ...], no_
     from .offload.datapath import KernelDataPath
     from .offload.server import OffloadServer
 
-    malloc.limit_arenas()  # before any thread: a request thread each, arenas kept after they end
+    malloc.limit_arenas()  # before any thread: each request thread would get an arena, kept after it ends
     if journal.under_journald():
         # records with fields (TUNNEL_ID, CALL_ID, PEER): `journalctl -u pipexctl TUNNEL_ID=17`
         logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,

@@ -2,7 +2,7 @@
 
 glibc gives each new thread that allocates an arena of its own, up to
 eight per CPU, and what is freed in an arena stays with it.  A login storm
-runs a request thread per pppd: in K = 100 storms under emulation the
+keeps many request threads busy at once: in K = 100 storms under emulation the
 daemon ended at 79 MiB resident with glibc's default, 49-50 MiB with two
 arenas and 45 MiB with one (docs/offload.md, "Memory in a login storm").
 Python's own lock keeps its threads from allocating at once anyway, so one

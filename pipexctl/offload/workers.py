@@ -44,12 +44,10 @@ class Workers:
         self._threads = 0
         self._short = threading.Event()  # the starter's wake: fewer than spare are ready
         self._stopping = False
-        self._starter: Optional[threading.Thread] = None
 
     def start(self) -> None:
         """Start the starter, which starts the spare threads at once."""
-        self._starter = threading.Thread(target=self._start_more, name=f"{self.name}-starter", daemon=True)
-        self._starter.start()
+        threading.Thread(target=self._start_more, name=f"{self.name}-starter", daemon=True).start()
         self._short.set()
 
     def submit(self, *args: Any) -> None:

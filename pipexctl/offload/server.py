@@ -54,7 +54,7 @@ from .protocol import (
     reply,
 )
 from .ptys import call_key
-from .service import OffloadService
+from .service import OffloadService, schedstat_ns
 from .watch import CallWatch, FdEvent
 from .workers import Workers
 
@@ -141,9 +141,10 @@ class _RunqClock:
         if self._fd < 0:
             return -1
         try:
-            return int(os.pread(self._fd, 64, 0).split()[1])
-        except (OSError, ValueError, IndexError):
+            st = schedstat_ns(os.pread(self._fd, 64, 0))
+        except OSError:
             return -1
+        return st[1] if st else -1
 
     def close(self) -> None:
         if self._fd >= 0:

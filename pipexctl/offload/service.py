@@ -89,15 +89,25 @@ def reason_label(e: Exception) -> str:
     return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(n))
 
 
+def schedstat_ns(text: bytes) -> Optional[tuple[int, int]]:
+    """(ns on a CPU, ns runnable and waiting for one) from a thread's
+    schedstat text; None when it does not parse."""
+    try:
+        on_cpu, runnable = text.split()[:2]
+        return int(on_cpu), int(runnable)
+    except ValueError:
+        return None
+
+
 def _sched() -> tuple[float, float]:
     """Seconds this thread has run on a CPU and waited, runnable, for one
     (its schedstat); without schedstat, its CPU time and 0."""
     try:
         with open("/proc/thread-self/schedstat", "rb") as f:
-            on_cpu, runnable = f.read().split()[:2]
-        if int(on_cpu):
-            return int(on_cpu) / 1e9, int(runnable) / 1e9
-    except (OSError, ValueError):
+            st = schedstat_ns(f.read())
+        if st and st[0]:
+            return st[0] / 1e9, st[1] / 1e9
+    except OSError:
         pass
     return time.thread_time(), 0.0
 

@@ -464,3 +464,11 @@ def test_the_tick_writes_the_file_whole_again_after_someone_replaced_it(svc):
     assert _sessions_on_disk(svc) == []
     svc.tick()
     assert _sessions_on_disk(svc) == [1]
+
+
+def test_one_parser_reads_a_threads_schedstat_for_the_kernel_part_and_the_accept_loop():
+    from pipexctl.offload.service import schedstat_ns
+
+    assert schedstat_ns(b"123 456 7\n") == (123, 456)
+    for bad in (b"", b"1", b"a b 3"):
+        assert schedstat_ns(bad) is None, bad
